@@ -1,0 +1,1 @@
+"""kvpilot's inference engine. Importing this package imports no torch; submodules do."""

@@ -1,0 +1,1 @@
+"""The Prometheus exporter that runs beside the engine in each pod."""
