@@ -1,0 +1,66 @@
+"""Attention and KV-cache ops, each dispatched to its Triton kernel or its pure-torch reference.
+
+`KVPILOT_KERNELS=triton|torch` forces a backend; by default CUDA tensors take the Triton kernels
+and CPU tensors the torch references. Triton is imported only when a Triton kernel runs, so the
+torch path works on machines without triton.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvpilot.engine.kernels.dispatch import backend_for
+from kvpilot.engine.kernels.paged_decode.reference import paged_attention_decode_reference
+from kvpilot.engine.kernels.paged_prefill.reference import paged_attention_prefill_reference
+from kvpilot.engine.kernels.store_kvcache.reference import store_kvcache_reference
+
+__all__ = ["paged_attention_decode", "paged_attention_prefill", "store_kvcache"]
+
+
+def store_kvcache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write key/value [N, Hkv, D] into the paged caches at slot_mapping [N] (int32; -1 skips the row)."""
+    if backend_for(key) == "triton":
+        from kvpilot.engine.kernels.store_kvcache.launcher import store_kvcache_triton
+
+        store_kvcache_triton(key, value, k_cache, v_cache, slot_mapping)
+    else:
+        store_kvcache_reference(key, value, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention_prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of packed chunks q [T, Hq, D] over their whole paged context (prefix + chunk)."""
+    if backend_for(q) == "triton":
+        from kvpilot.engine.kernels.paged_prefill.launcher import paged_attention_prefill_triton
+
+        return paged_attention_prefill_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
+    return paged_attention_prefill_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
+
+
+def paged_attention_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query per sequence q [B, Hq, D] at position context_lens[b]-1 over its paged context."""
+    if backend_for(q) == "triton":
+        from kvpilot.engine.kernels.paged_decode.launcher import paged_attention_decode_triton
+
+        return paged_attention_decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale)
+    return paged_attention_decode_reference(q, k_cache, v_cache, block_tables, context_lens, scale)

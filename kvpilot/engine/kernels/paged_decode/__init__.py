@@ -1,0 +1,1 @@
+"""Paged decode attention: GQA-aware split-K flash-decoding with a reduction."""

@@ -1,0 +1,1 @@
+"""Paged prefill attention: causal varlen chunks over cached prefix + new chunk."""
