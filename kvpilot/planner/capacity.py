@@ -1,0 +1,179 @@
+"""The capacity plan (seed 002, section 5): free memory over the per-request peak, at a watermark."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from kvpilot.planner.errors import PlannerError
+from kvpilot.planner.gpus import GpuSpec
+from kvpilot.planner.memory import activation_peak_bytes, weights_bytes
+from kvpilot.planner.model_shape import ModelShape
+from kvpilot.planner.strategy import KVFootprint, KVStrategy, kv_footprint
+from kvpilot.planner.units import human_bytes as hb
+
+DEFAULT_WATERMARK = 0.8
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+DEFAULT_MAX_NUM_SEQS = 256
+
+
+class InfeasiblePlanError(PlannerError):
+    """The plan does not fit; `plan` holds the numbers."""
+
+    def __init__(self, plan: CapacityPlan) -> None:
+        super().__init__(plan.reason)
+        self.plan = plan
+
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    """Memory account and limits for one engine (all GPUs of one replica together)."""
+
+    strategy: str
+    gpu_product: str
+    gpus: int
+    total_memory_bytes: int
+    weights_bytes: int
+    cuda_context_bytes: int
+    activation_peak_bytes: int
+    free_bytes: int  # total - weights - CUDA context - activation peak (may be negative)
+    watermark: float
+    kv_pool_bytes: int  # watermark x free, 0 when nothing is free
+    bytes_per_token: int  # growing KV per token, all layers and GPUs (scales included)
+    fixed_bytes_per_sequence: int  # recurrent state of linear layers
+    block_size: int
+    block_bytes: int  # bytes of one paged block (0 when nothing grows per token)
+    num_blocks: int
+    max_seq_len: int
+    blocks_per_request: int
+    per_request_peak_bytes: int  # one request at max_seq_len, blocks rounded up
+    max_concurrency: int  # requests at max_seq_len the pool holds at once
+    feasible: bool
+    reason: str  # why not feasible (with the numbers), or a one-line summary when it is
+
+    def require(self) -> CapacityPlan:
+        """This plan, or InfeasiblePlanError when it does not fit."""
+        if not self.feasible:
+            raise InfeasiblePlanError(self)
+        return self
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def plan_capacity(
+    model: ModelShape,
+    strategy: KVStrategy,
+    gpu: GpuSpec,
+    *,
+    max_seq_len: int,
+    gpus: int = 1,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+    watermark: float = DEFAULT_WATERMARK,
+    weights_bytes_override: int | None = None,
+    activation_peak_bytes_override: int | None = None,
+) -> CapacityPlan:
+    """Plan the KV pool and concurrency limit; never raises for a plan that merely does not fit."""
+    _check(max_seq_len=max_seq_len, gpus=gpus, max_num_batched_tokens=max_num_batched_tokens,
+           max_num_seqs=max_num_seqs)
+    if not 0 < watermark <= 1:
+        raise PlannerError(f"watermark must be in (0, 1], got {watermark}")
+    footprint = _shard(kv_footprint(model, strategy), model, strategy, gpus)
+    total = gpus * gpu.memory_bytes
+    weights = weights_bytes(model) if weights_bytes_override is None else weights_bytes_override
+    activation = gpus * (
+        activation_peak_bytes(model, max_num_batched_tokens, max_num_seqs)
+        if activation_peak_bytes_override is None else activation_peak_bytes_override
+    )
+    context = gpus * gpu.cuda_context_bytes
+    free = total - weights - context - activation
+    pool = max(0, int(free * watermark))
+    bs = strategy.block_size
+    per_request = footprint.sequence_bytes(max_seq_len, bs)
+    concurrency = pool // per_request if per_request else 0
+    block_bytes = bs * (footprint.bytes_per_token or footprint.window_bytes_per_token)
+    blocks_per_request = _blocks_per_request(footprint, max_seq_len, bs)
+    paged_pool = pool - concurrency * footprint.fixed_bytes_per_sequence
+    num_blocks = paged_pool // block_bytes if block_bytes else 0
+    plan = CapacityPlan(
+        strategy=strategy.label, gpu_product=gpu.product, gpus=gpus, total_memory_bytes=total,
+        weights_bytes=weights, cuda_context_bytes=context, activation_peak_bytes=activation,
+        free_bytes=free, watermark=watermark, kv_pool_bytes=pool,
+        bytes_per_token=footprint.bytes_per_token + footprint.window_bytes_per_token,
+        fixed_bytes_per_sequence=footprint.fixed_bytes_per_sequence, block_size=bs,
+        block_bytes=block_bytes, num_blocks=num_blocks, max_seq_len=max_seq_len,
+        blocks_per_request=blocks_per_request, per_request_peak_bytes=per_request,
+        max_concurrency=concurrency, feasible=concurrency >= 1, reason="",
+    )
+    return _with_reason(plan, footprint)
+
+
+def max_seq_len_from_p95(p95_request_tokens: int, headroom: float = 0.2, block_size: int = 16) -> int:
+    """Seed 002's first step: the P95 request length plus 20 % headroom, rounded up to a block."""
+    if p95_request_tokens < 1 or headroom < 0:
+        raise PlannerError("p95_request_tokens must be >= 1 and headroom >= 0")
+    tokens = math.ceil(p95_request_tokens * (1 + headroom))
+    return -(-tokens // block_size) * block_size
+
+
+def _check(**values: int) -> None:
+    for name, value in values.items():
+        if value < 1:
+            raise PlannerError(f"{name} must be >= 1, got {value}")
+
+
+def _shard(fp: KVFootprint, model: ModelShape, strategy: KVStrategy, gpus: int) -> KVFootprint:
+    """Tensor parallel splits K/V heads over GPUs; a head (or the MLA latent) that cannot split is copied."""
+    if gpus == 1:
+        return fp
+    if strategy.attention == "mla" or (strategy.attention == "native" and model.mla):
+        copies_num, copies_den = gpus, 1
+    else:
+        heads = strategy.kv_head_groups if strategy.attention == "gqa" else model.num_kv_heads
+        copies_num, copies_den = gpus * -(-heads // gpus), heads
+    return KVFootprint(
+        bytes_per_token=fp.bytes_per_token * copies_num // copies_den,
+        window_bytes_per_token=fp.window_bytes_per_token * copies_num // copies_den,
+        window_tokens=fp.window_tokens,
+        fixed_bytes_per_sequence=fp.fixed_bytes_per_sequence,
+    )
+
+
+def _blocks_per_request(fp: KVFootprint, max_seq_len: int, block_size: int) -> int:
+    tokens = max_seq_len if fp.bytes_per_token else min(max_seq_len, fp.window_tokens)
+    return -(-tokens // block_size)
+
+
+def _longest_fitting(fp: KVFootprint, pool: int, block_size: int) -> int:
+    if fp.sequence_bytes(1, block_size) > pool:
+        return 0
+    lo, hi = 1, 1 << 40
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fp.sequence_bytes(mid, block_size) <= pool else (lo, mid - 1)
+    return lo
+
+
+def _with_reason(plan: CapacityPlan, fp: KVFootprint) -> CapacityPlan:
+    if plan.free_bytes <= 0:
+        reason = (
+            f"weights {hb(plan.weights_bytes)} + CUDA context {hb(plan.cuda_context_bytes)} + activation peak "
+            f"{hb(plan.activation_peak_bytes)} = {hb(plan.total_memory_bytes - plan.free_bytes)} exceed "
+            f"{plan.gpus} x {plan.gpu_product} = {hb(plan.total_memory_bytes)}; use more or larger GPUs "
+            "or a smaller prefill token budget"
+        )
+    elif plan.max_concurrency < 1:
+        longest = _longest_fitting(fp, plan.kv_pool_bytes, plan.block_size)
+        reason = (
+            f"one request at max_seq_len {plan.max_seq_len} needs {hb(plan.per_request_peak_bytes)} of KV "
+            f"({hb(plan.bytes_per_token)}/token) but the KV pool is {hb(plan.kv_pool_bytes)} "
+            f"({plan.watermark:.0%} of {hb(plan.free_bytes)} free); the longest max_seq_len that fits is "
+            f"{longest}; lower max_seq_len, quantise the KV cache (int8/fp8) or add GPUs"
+        )
+    else:
+        reason = (
+            f"{plan.max_concurrency} concurrent requests of {plan.max_seq_len} tokens in a "
+            f"{hb(plan.kv_pool_bytes)} KV pool ({hb(plan.bytes_per_token)}/token)"
+        )
+    return CapacityPlan(**{**plan.to_dict(), "reason": reason})

@@ -1,0 +1,74 @@
+"""`kvpilot plan`: print the capacity plan for a model config and a GPU, without loading weights."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from kvpilot.planner.capacity import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    DEFAULT_WATERMARK,
+    max_seq_len_from_p95,
+    plan_capacity,
+)
+from kvpilot.planner.dtypes import KV_CACHE_DTYPES
+from kvpilot.planner.errors import PlannerError
+from kvpilot.planner.gpus import GPU_PRODUCTS, gpu_spec
+from kvpilot.planner.model_shape import ModelShape
+from kvpilot.planner.strategy import ATTENTIONS, KVStrategy
+from kvpilot.planner.table import format_plan
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", type=Path, help="an HF config.json")
+    source.add_argument("--model", type=Path, help="a checkpoint directory (config.json, *.safetensors)")
+    parser.add_argument("--gpu", required=True, help=f"GPU product label, one of: {', '.join(GPU_PRODUCTS)}")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs per replica (tensor parallel)")
+    parser.add_argument("--attention", choices=ATTENTIONS, default="native")
+    parser.add_argument("--kv-head-groups", type=int, help="gqa: KV heads after merging")
+    parser.add_argument("--latent-rank", type=int, help="mla: width of the cached latent")
+    parser.add_argument("--linear-window", type=int, default=64, help="linear: exact recent window (tokens)")
+    parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
+    length = parser.add_mutually_exclusive_group()
+    length.add_argument("--max-seq-len", type=int, help="longest request (prompt + output), tokens")
+    length.add_argument("--p95-tokens", type=int, help="P95 request length; max_seq_len = +20%%")
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    parser.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS)
+    parser.add_argument("--watermark", type=float, default=DEFAULT_WATERMARK)
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config_path = args.config or args.model / "config.json"
+        config = json.loads(Path(config_path).read_text())
+        weights = _safetensors_bytes(args.model) if args.model else None
+        strategy = KVStrategy(
+            attention=args.attention, kv_head_groups=args.kv_head_groups, latent_rank=args.latent_rank,
+            kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size, linear_window=args.linear_window,
+        )
+        max_seq_len = args.max_seq_len or (
+            max_seq_len_from_p95(args.p95_tokens, block_size=args.block_size) if args.p95_tokens
+            else int(config.get("max_position_embeddings") or 4096)
+        )
+        plan = plan_capacity(
+            ModelShape.from_hf_config(config), strategy, gpu_spec(args.gpu), max_seq_len=max_seq_len,
+            gpus=args.gpus, max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_seqs=args.max_num_seqs, watermark=args.watermark, weights_bytes_override=weights,
+        )
+    except (OSError, json.JSONDecodeError, PlannerError) as exc:
+        print(f"kvpilot plan: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(plan.to_dict(), indent=2) if args.json else format_plan(plan))
+    return 0 if plan.feasible else 1
+
+
+def _safetensors_bytes(directory: Path) -> int | None:
+    """Bytes of the weight files (their small JSON headers included), or None without any."""
+    files = sorted(directory.glob("*.safetensors"))
+    return sum(f.stat().st_size for f in files) if files else None

@@ -1,0 +1,146 @@
+"""A memory strategy and what it makes each sequence cache, per token and per sequence."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvpilot.planner.dtypes import (
+    DEFAULT_SCALE_BYTES,
+    KV_CACHE_DTYPES,
+    QUANTISED_KV_DTYPES,
+    kv_dtype_bytes,
+)
+from kvpilot.planner.errors import PlannerError
+from kvpilot.planner.model_shape import ModelShape
+
+ATTENTIONS = ("native", "gqa", "mla", "linear")
+LINEAR_STATE_BYTES = 4  # the recurrent state phi(K)^T V and its normaliser are kept in fp32
+
+
+@dataclass(frozen=True)
+class KVStrategy:
+    """How attention caches: `attention` with its parameter, the KV dtype, and the paging block.
+
+    - `gqa`: `kv_head_groups` = number of KV heads after merging (groups of the model's KV heads
+      are mean-pooled into one head each); it must divide the model's KV head count.
+    - `mla`: `latent_rank` = width of the one latent vector cached per token and layer
+      (default: the model's own `kv_lora_rank` for DeepSeek models).
+    - `linear`: every layer keeps a fixed state (heads x feature_dim x head_dim, fp32) plus an
+      exact window of the last `linear_window` tokens' K/V.
+    """
+
+    attention: str = "native"
+    kv_head_groups: int | None = None
+    latent_rank: int | None = None
+    kv_cache_dtype: str = "auto"
+    block_size: int = 16
+    linear_window: int = 64
+    linear_feature_dim: int | None = None  # default: the model's head_dim
+    scale_bytes: int = DEFAULT_SCALE_BYTES
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTIONS:
+            raise PlannerError(f"attention {self.attention!r} is not supported; choose one of {', '.join(ATTENTIONS)}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise PlannerError(
+                f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported; choose one of {', '.join(KV_CACHE_DTYPES)}"
+            )
+        if self.block_size < 1:
+            raise PlannerError(f"block_size must be >= 1, got {self.block_size}")
+        if self.attention == "gqa" and not self.kv_head_groups:
+            raise PlannerError("attention 'gqa' needs kv_head_groups (the number of KV heads after merging)")
+        if self.linear_window < 0:
+            raise PlannerError(f"linear_window must be >= 0, got {self.linear_window}")
+
+    @property
+    def label(self) -> str:
+        """Short name for tables and the X-Model-Strategy header, e.g. `gqa4-int8`."""
+        param = {"gqa": self.kv_head_groups, "mla": self.latent_rank, "linear": self.linear_window}
+        name = f"{self.attention}{param.get(self.attention) or ''}"
+        return name if self.kv_cache_dtype == "auto" else f"{name}-{self.kv_cache_dtype}"
+
+
+@dataclass(frozen=True)
+class KVFootprint:
+    """Cache bytes of one sequence: growing per token, capped by a window, and fixed."""
+
+    bytes_per_token: int  # every token, for the whole sequence (full-attention layers)
+    window_bytes_per_token: int  # only the last `window_tokens` tokens (linear layers' exact window)
+    window_tokens: int
+    fixed_bytes_per_sequence: int  # recurrent states of linear layers
+
+    def sequence_bytes(self, tokens: int, block_size: int) -> int:
+        """Peak bytes of one sequence of `tokens` tokens, with paged blocks rounded up."""
+        full = _round_up(tokens, block_size) * self.bytes_per_token
+        window = _round_up(min(tokens, self.window_tokens), block_size) * self.window_bytes_per_token
+        return full + window + self.fixed_bytes_per_sequence
+
+
+def kv_footprint(model: ModelShape, strategy: KVStrategy) -> KVFootprint:
+    """Bytes per token (all layers, K and V, scales included) and fixed bytes per sequence."""
+    elem = kv_dtype_bytes(strategy.kv_cache_dtype, model.dtype_bytes)
+    scale = strategy.scale_bytes if strategy.kv_cache_dtype in QUANTISED_KV_DTYPES else 0
+    if strategy.attention == "linear":
+        return _linear(model, strategy, elem, scale)
+    vectors, width = _cached_vectors(model, strategy)  # per full layer and token: vectors x width
+    per_layer = vectors * (width * elem + scale)
+    return KVFootprint(
+        bytes_per_token=model.num_full_layers * per_layer,
+        window_bytes_per_token=0,
+        window_tokens=0,
+        fixed_bytes_per_sequence=model.num_linear_layers * _linear_state_bytes(model, strategy),
+    )
+
+
+def _cached_vectors(model: ModelShape, strategy: KVStrategy) -> tuple[int, int]:
+    if strategy.attention == "native":
+        if model.mla:
+            return 1, model.mla.kv_lora_rank + model.mla.qk_rope_head_dim
+        return 2 * model.num_kv_heads, model.head_dim
+    if strategy.attention == "gqa":
+        groups = strategy.kv_head_groups or 0
+        if model.mla:
+            raise PlannerError("attention 'gqa' needs a model with K/V heads; this model caches an MLA latent")
+        if groups < 1 or model.num_kv_heads % groups:
+            raise PlannerError(
+                f"kv_head_groups {groups} must divide the model's {model.num_kv_heads} KV heads "
+                f"(allowed: {_divisors(model.num_kv_heads)})"
+            )
+        return 2 * groups, model.head_dim
+    # mla
+    native_rank = model.mla.kv_lora_rank if model.mla else None
+    rank = strategy.latent_rank or native_rank
+    if not rank:
+        raise PlannerError("attention 'mla' needs latent_rank for a model without an MLA latent (kv_lora_rank)")
+    full_width = 2 * model.num_kv_heads * model.head_dim
+    if not model.mla and not 1 <= rank <= full_width:
+        raise PlannerError(f"latent_rank {rank} must be between 1 and 2 x kv_heads x head_dim = {full_width}")
+    rope = model.mla.qk_rope_head_dim if model.mla else 0
+    return 1, rank + rope
+
+
+def _linear(model: ModelShape, strategy: KVStrategy, elem: int, scale: int) -> KVFootprint:
+    if model.mla:
+        raise PlannerError("attention 'linear' is not available for MLA models; use 'native' or 'mla'")
+    window = model.num_layers * 2 * model.num_kv_heads * (model.head_dim * elem + scale)
+    return KVFootprint(
+        bytes_per_token=0,
+        window_bytes_per_token=window if strategy.linear_window else 0,
+        window_tokens=strategy.linear_window,
+        fixed_bytes_per_sequence=model.num_layers * _linear_state_bytes(model, strategy),
+    )
+
+
+def _linear_state_bytes(model: ModelShape, strategy: KVStrategy) -> int:
+    feature = strategy.linear_feature_dim or model.head_dim
+    state = model.num_attention_heads * feature * model.head_dim  # phi(K)^T V per head
+    normaliser = model.num_attention_heads * feature  # sum of phi(K) per head
+    return (state + normaliser) * LINEAR_STATE_BYTES
+
+
+def _round_up(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size) * block_size
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
