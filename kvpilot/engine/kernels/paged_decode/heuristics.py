@@ -1,0 +1,54 @@
+"""Launch configuration for paged decode: tile size, warps, stages and the number of context splits."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+# Split the context until each SM has about this many programs to interleave (memory-bound
+# kernel: more programs in flight hide latency and even out the last wave), but never give a
+# split fewer than MIN_TOKENS_PER_SPLIT tokens: the partial outputs and the reduction cost more
+# than they save on short contexts.
+PROGRAMS_PER_SM = 4
+MIN_TOKENS_PER_SPLIT = 512
+MAX_SPLITS = 32
+CPU_NUM_SMS = 4
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How one paged decode call is launched."""
+
+    num_splits: int
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms: int) -> int:
+    """1 on short contexts or when batch x kv heads already fill the GPU; more splits otherwise."""
+    programs = max(1, batch * num_kv_heads)
+    by_occupancy = -(-PROGRAMS_PER_SM * num_sms // programs)
+    by_length = max(1, max_context // MIN_TOKENS_PER_SPLIT)
+    return max(1, min(by_occupancy, by_length, MAX_SPLITS))
+
+
+@functools.lru_cache(maxsize=16)
+def _cuda_num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return CPU_NUM_SMS
+    return _cuda_num_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def decode_config(batch: int, num_kv_heads: int, head_dim: int, max_context: int, device: torch.device) -> DecodeConfig:
+    """The default launch for these sizes; `max_context` is an upper bound (block table width x block size)."""
+    return DecodeConfig(
+        num_splits=choose_num_splits(batch, num_kv_heads, max_context, num_sms(device)),
+        block_n=64 if head_dim <= 128 else 32,
+    )
