@@ -13,6 +13,8 @@ if not HAS_NVIDIA:
 
 import pytest  # noqa: E402
 
+pytest_plugins = ["tests.harness.cluster"]
+
 _SKIPPED_GPU: list[str] = []
 
 

@@ -1,0 +1,189 @@
+"""Build the local control plane's binaries from the Go modules under tools/.
+
+Each tools/<dir>/go.mod pins one upstream release; its version is read from that go.mod, so the
+Go files are the single source of truth. Binaries land in a version-keyed cache outside the
+repository, `${KVPILOT_CACHE_DIR:-~/.cache/kvpilot}/bin/<name>-<version>/<binary>`, so a fresh
+clone on the same machine reuses them; a component is rebuilt only when one of its binaries is
+missing or does not report the expected version.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TOOLS_DIR = REPO_ROOT / "tools"
+GO_FALLBACK_DIRS = ("/usr/local/go/bin", str(Path.home() / "go" / "bin"))
+
+
+@dataclass(frozen=True)
+class Component:
+    """One Go module under tools/ and the binaries it builds (binary name -> Go package)."""
+
+    name: str
+    tools_subdir: str
+    module: str
+    binaries: dict[str, str]
+    version_args: tuple[str, ...] = ("--version",)
+    ldflags: tuple[str, ...] = field(default=())
+
+    def version(self, tools_dir: Path = TOOLS_DIR) -> str:
+        return module_version((tools_dir / self.tools_subdir / "go.mod").read_text(), self.module)
+
+    def version_marker(self, tools_dir: Path = TOOLS_DIR) -> str:
+        """What `<binary> <version_args>` must print: the version without a leading v."""
+        return self.version(tools_dir).removeprefix("v")
+
+
+def _kubernetes_ldflags(version: str) -> list[str]:
+    major, minor = version.removeprefix("v").split(".")[:2]
+    date = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    flags = []
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [
+            f"-X {pkg}.gitVersion={version}",
+            f"-X {pkg}.gitMajor={major}",
+            f"-X {pkg}.gitMinor={minor}",
+            f"-X {pkg}.gitTreeState=clean",
+            f"-X {pkg}.buildDate={date}",
+        ]
+    return flags
+
+
+COMPONENTS: tuple[Component, ...] = (
+    Component("etcd", "etcd", "go.etcd.io/etcd/server/v3", {"etcd": "go.etcd.io/etcd/server/v3"}),
+    Component(
+        "kubernetes",
+        "k8s",
+        "k8s.io/kubernetes",
+        {c: f"k8s.io/kubernetes/cmd/{c}" for c in ("kube-apiserver", "kube-controller-manager", "kube-scheduler")},
+    ),
+    Component("kwok", "kwok", "sigs.k8s.io/kwok", {"kwok": "sigs.k8s.io/kwok/cmd/kwok"}),
+    Component("helm", "helm", "helm.sh/helm/v4", {"helm": "helm.sh/helm/v4/cmd/helm"}, ("version", "--short")),
+)
+
+
+def module_version(gomod: str, module: str) -> str:
+    """The version `go.mod` requires for `module` (in a require line or block)."""
+    match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", gomod, re.MULTILINE)
+    if not match:
+        raise ValueError(f"go.mod does not require {module}; run the tools/ generator or `go get` it")
+    return match.group(1)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("KVPILOT_CACHE_DIR") or Path.home() / ".cache" / "kvpilot")
+
+
+def component_dir(component: Component, tools_dir: Path = TOOLS_DIR) -> Path:
+    return cache_dir() / "bin" / f"{component.name}-{component.version(tools_dir)}"
+
+
+def binary_path(binary: str, tools_dir: Path = TOOLS_DIR) -> Path:
+    """Where `binary` (e.g. "kube-apiserver") lives in the cache; it may not be built yet."""
+    for component in COMPONENTS:
+        if binary in component.binaries:
+            return component_dir(component, tools_dir) / binary
+    known = sorted(b for c in COMPONENTS for b in c.binaries)
+    raise KeyError(f"unknown control-plane binary {binary!r}; known: {', '.join(known)}")
+
+
+def go_env() -> dict[str, str]:
+    env = dict(os.environ)
+    path = env.get("PATH", "")
+    for extra in GO_FALLBACK_DIRS:
+        if extra not in path.split(os.pathsep):
+            path = f"{path}{os.pathsep}{extra}" if path else extra
+    env["PATH"] = path
+    env.setdefault("CGO_ENABLED", "0")
+    env["GOFLAGS"] = (env.get("GOFLAGS", "") + " -mod=mod").strip()
+    return env
+
+
+def is_built(component: Component, tools_dir: Path = TOOLS_DIR) -> bool:
+    marker = component.version_marker(tools_dir)
+    for binary in component.binaries:
+        path = component_dir(component, tools_dir) / binary
+        if not os.access(path, os.X_OK):
+            return False
+        try:
+            out = subprocess.run(
+                [str(path), *component.version_args], capture_output=True, text=True, timeout=30
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        if marker not in out.stdout + out.stderr:
+            return False
+    return True
+
+
+def build_command(component: Component, out_dir: Path, tools_dir: Path = TOOLS_DIR) -> list[str]:
+    """One `go build` for all of a component's binaries, so shared packages compile once."""
+    version = component.version(tools_dir)
+    ldflags = ["-s", "-w"]
+    if component.name == "kubernetes":
+        ldflags += _kubernetes_ldflags(version)
+    elif component.name == "helm":
+        ldflags.append(f"-X helm.sh/helm/v4/internal/version.version={version}")
+    packages = list(component.binaries.values())
+    output = f"{out_dir}/" if len(packages) > 1 else str(out_dir / next(iter(component.binaries)))
+    return ["nice", "-n", "10", "go", "build", "-trimpath", "-ldflags", " ".join(ldflags), "-o", output, *packages]
+
+
+def build(component: Component, tools_dir: Path = TOOLS_DIR, force: bool = False) -> float | None:
+    """Build one component unless it is already cached; returns seconds spent, None if skipped."""
+    if not force and is_built(component, tools_dir):
+        return None
+    if shutil.which("go", path=go_env()["PATH"]) is None:
+        raise RuntimeError("`go` not found on PATH or in /usr/local/go/bin; install Go >= 1.26")
+    final = component_dir(component, tools_dir)
+    staging = final.with_name(f"{final.name}.tmp-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    started = time.monotonic()
+    cmd = build_command(component, staging, tools_dir)
+    result = subprocess.run(cmd, cwd=tools_dir / component.tools_subdir, env=go_env())
+    if result.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise RuntimeError(
+            f"building {component.name} failed (exit {result.returncode}): "
+            f"cd {tools_dir / component.tools_subdir} && {' '.join(cmd)}"
+        )
+    shutil.rmtree(final, ignore_errors=True)
+    staging.rename(final)
+    if not is_built(component, tools_dir):
+        raise RuntimeError(f"{component.name} built but its binaries do not report {component.version(tools_dir)}")
+    return time.monotonic() - started
+
+
+def build_all(names: list[str] | None = None, force: bool = False, tools_dir: Path = TOOLS_DIR) -> int:
+    selected = [c for c in COMPONENTS if not names or c.name in names]
+    unknown = set(names or ()) - {c.name for c in COMPONENTS}
+    if unknown:
+        print(f"unknown component(s) {sorted(unknown)}; choose from {[c.name for c in COMPONENTS]}",
+              file=sys.stderr)
+        return 2
+    total = time.monotonic()
+    for component in selected:
+        where = component_dir(component, tools_dir)
+        print(f"control plane: {component.name} {component.version(tools_dir)} -> {where}", flush=True)
+        spent = build(component, tools_dir, force)
+        print(f"  {'cached' if spent is None else f'built in {spent:.1f} s'}", flush=True)
+    print(f"control plane: ready in {time.monotonic() - total:.1f} s", flush=True)
+    return 0
+
+
+def main() -> int:
+    return build_all(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
