@@ -1,0 +1,168 @@
+"""Paged GQA decode attention over an 8-bit (int8 / fp8) or 16-bit KV cache, dequantised in registers.
+
+One program per (sequence, KV head, context split) handles all query heads of the group, so each
+K/V tile is loaded once per group. 8-bit tiles are converted to the query dtype in registers (int8
+and e4m3 values are exact in bf16/fp16); the scales are folded in exactly in fp32: the K scale
+multiplies the scores, the V scale multiplies the probabilities before the PV product.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kvpilot.engine.kernels.dispatch import check_triton_device
+from kvpilot.engine.kernels.interpreter_compat import patch_interpreter
+from kvpilot.engine.kernels.kv_quant.reference import FP8_DTYPE
+from kvpilot.engine.kernels.kv_quant.split_reduce import default_num_splits, split_reduce
+
+QUANT_NONE, QUANT_INT8, QUANT_FP8 = 0, 1, 2
+LOG2E = 1.4426950408889634
+
+patch_interpreter()
+
+
+@triton.jit
+def _paged_decode_quant_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, context_lens_ptr,
+    out_ptr, part_o_ptr, part_lse_ptr,
+    stride_qb, stride_qh, stride_bt, stride_ob, stride_oh,
+    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+    qk_scale_log2,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, QUANT: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    ctx = tl.load(context_lens_ptr + b)
+    per_split = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, ctx)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_g = offs_g < GROUP
+    mask_d = offs_d < HEAD_DIM
+    heads = kvh * GROUP + offs_g
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_g[:, None] & mask_d[None, :], other=0.0)
+    if QUANT == 2:
+        k_head_scale = tl.load(k_scale_ptr + kvh)
+        v_head_scale = tl.load(v_scale_ptr + kvh)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < end
+        block = tl.load(block_tables_ptr + b * stride_bt + offs_n // PAGE, mask=mask_n, other=0)
+        row = (block.to(tl.int64) * PAGE + offs_n % PAGE) * NUM_KV_HEADS + kvh
+        kv_off = row[:, None] * HEAD_DIM + offs_d[None, :]
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+        s = tl.dot(q, tl.trans(k))
+        if QUANT == 1:
+            s = s * tl.load(k_scale_ptr + row, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        if QUANT == 2:
+            s = s * k_head_scale
+        s = tl.where(mask_n[None, :], s * qk_scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+        if QUANT == 1:
+            p = p * tl.load(v_scale_ptr + row, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        if QUANT == 2:
+            p = p * v_head_scale
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+        m_i = m_new
+
+    if NUM_SPLITS == 1:
+        out = acc / tl.maximum(l_i, 1e-30)[:, None]
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=mask_g[:, None] & mask_d[None, :])
+    else:
+        out = acc / tl.maximum(l_i, 1e-30)[:, None]
+        lse = tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))
+        tl.store(part_o_ptr + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :],
+                 out, mask=mask_g[:, None] & mask_d[None, :])
+        tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=mask_g)
+
+
+def _quant_mode(k_cache: torch.Tensor, q: torch.Tensor) -> int:
+    if k_cache.dtype == torch.int8:
+        return QUANT_INT8
+    if k_cache.dtype == FP8_DTYPE:
+        return QUANT_FP8
+    assert k_cache.dtype == q.dtype, f"16-bit cache dtype {k_cache.dtype} must match q dtype {q.dtype}"
+    return QUANT_NONE
+
+
+def paged_attention_decode_quant_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+    block_n: int = 64,
+) -> torch.Tensor:
+    """q [B, Hq, D] at position context_lens[b]-1 over an int8/fp8 (or 16-bit, scales None) paged cache."""
+    tensors = [t for t in (q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens) if t is not None]
+    check_triton_device(*tensors)
+    quant = _quant_mode(k_cache, q)
+    assert v_cache.dtype == k_cache.dtype and v_cache.shape == k_cache.shape, "k/v caches must match"
+    assert q.dim() == 3 and q.stride(-1) == 1, f"q must be [B, Hq, D] with contiguous D, got {tuple(q.shape)}"
+    batch, num_heads, head_dim = q.shape
+    num_blocks, page, num_kv_heads, cache_dim = k_cache.shape
+    assert cache_dim == head_dim and num_heads % num_kv_heads == 0, (
+        f"cache [.., .., Hkv={num_kv_heads}, D={cache_dim}] incompatible with q heads {num_heads}, D {head_dim}"
+    )
+    assert k_cache.is_contiguous() and v_cache.is_contiguous(), "caches must be contiguous"
+    assert q.dtype in (torch.float16, torch.bfloat16, torch.float32), f"q dtype {q.dtype} not supported"
+    if quant == QUANT_INT8:
+        assert k_scale is not None and v_scale is not None and k_scale.shape == k_cache.shape[:3], (
+            f"int8 cache needs scale caches {tuple(k_cache.shape[:3])}"
+        )
+        assert k_scale.is_contiguous() and v_scale.is_contiguous() and v_scale.shape == k_scale.shape
+    elif quant == QUANT_FP8:
+        assert k_scale is not None and v_scale is not None, "fp8 cache needs per-head scales [Hkv]"
+        assert k_scale.shape == (num_kv_heads,) and v_scale.shape == (num_kv_heads,)
+        assert k_scale.dtype == torch.float32 and v_scale.dtype == torch.float32, "fp8 scales must be fp32"
+    assert block_tables.dtype == torch.int32 and block_tables.dim() == 2 and block_tables.shape[0] == batch
+    assert block_tables.stride(1) == 1, "block_tables rows must be contiguous"
+    assert context_lens.dtype == torch.int32 and context_lens.shape == (batch,)
+    group = num_heads // num_kv_heads
+    if num_splits is None:
+        num_splits = default_num_splits(batch * num_kv_heads, q.device)
+    out = torch.empty_like(q)
+    if batch == 0:
+        return out
+    if num_splits > 1:
+        part_o = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    else:
+        part_o = part_lse = out
+    k_s = k_scale if k_scale is not None else k_cache
+    v_s = v_scale if v_scale is not None else v_cache
+    _paged_decode_quant_kernel[(batch, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, k_s, v_s, block_tables, context_lens, out, part_o, part_lse,
+        q.stride(0), q.stride(1), block_tables.stride(0), out.stride(0), out.stride(1),
+        part_o.stride(0), part_o.stride(1), part_o.stride(2) if num_splits > 1 else 0,
+        part_lse.stride(0), part_lse.stride(1),
+        scale * LOG2E,
+        NUM_KV_HEADS=num_kv_heads, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), PAGE=page, BLOCK_N=block_n,
+        NUM_SPLITS=num_splits, QUANT=quant,
+    )
+    if num_splits > 1:
+        split_reduce(part_o, part_lse, out)
+    return out

@@ -1,0 +1,105 @@
+"""Prefill over an 8-bit cache: dequantise the batch's blocks into a compact 16-bit buffer, then run
+the base paged prefill kernel on it.
+
+Prefill is compute-bound, so the extra pass (read 8-bit, write 16-bit for the blocks this batch
+touches, then read them again) costs little next to the attention itself; it keeps a single
+prefill kernel to maintain. `torch.unique` in `compact_block_tables` synchronises with the GPU once
+per prefill batch (decode never takes this path).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kvpilot.engine.kernels.dispatch import backend_for, check_triton_device
+from kvpilot.engine.kernels.interpreter_compat import patch_interpreter
+from kvpilot.engine.kernels.kv_quant.reference import dequantize_blocks_reference, mode_of
+
+patch_interpreter()
+
+
+@triton.jit
+def _dequantize_blocks_kernel(
+    cache_ptr, scale_ptr, block_ids_ptr, out_ptr,
+    PAGE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, IS_INT8: tl.constexpr,
+):
+    i = tl.program_id(0)
+    offset = tl.program_id(1)
+    block = tl.load(block_ids_ptr + i).to(tl.int64)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_h[:, None] < NUM_KV_HEADS) & (offs_d[None, :] < HEAD_DIM)
+    src_row = block * PAGE + offset
+    tile = offs_h[:, None] * HEAD_DIM + offs_d[None, :]
+    x = tl.load(cache_ptr + src_row * NUM_KV_HEADS * HEAD_DIM + tile, mask=mask, other=0.0).to(tl.float32)
+    if IS_INT8:
+        s = tl.load(scale_ptr + src_row * NUM_KV_HEADS + offs_h, mask=offs_h < NUM_KV_HEADS, other=0.0)
+    else:
+        s = tl.load(scale_ptr + offs_h, mask=offs_h < NUM_KV_HEADS, other=0.0)
+    x = x * s.to(tl.float32)[:, None]
+    dst_row = i.to(tl.int64) * PAGE + offset
+    tl.store(out_ptr + dst_row * NUM_KV_HEADS * HEAD_DIM + tile, x.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def dequantize_blocks_triton(
+    cache_q: torch.Tensor, scale: torch.Tensor, block_ids: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """Blocks block_ids int32 [n] of an int8/fp8 cache -> out_dtype [n, block_size, Hkv, D]."""
+    check_triton_device(cache_q, scale, block_ids)
+    is_int8 = mode_of(cache_q) == "int8"
+    assert cache_q.dim() == 4 and cache_q.is_contiguous(), "cache must be contiguous [blocks, page, Hkv, D]"
+    _, page, num_kv_heads, head_dim = cache_q.shape
+    expected = cache_q.shape[:3] if is_int8 else (num_kv_heads,)
+    assert scale.shape == expected and scale.is_contiguous(), f"scale must be {tuple(expected)}, got {tuple(scale.shape)}"
+    assert block_ids.dim() == 1 and block_ids.dtype == torch.int32, "block_ids must be int32 [n]"
+    assert out_dtype in (torch.float16, torch.bfloat16, torch.float32), f"out_dtype {out_dtype} not supported"
+    out = torch.empty(block_ids.shape[0], page, num_kv_heads, head_dim, dtype=out_dtype, device=cache_q.device)
+    if block_ids.shape[0] == 0:
+        return out
+    _dequantize_blocks_kernel[(block_ids.shape[0], page)](
+        cache_q, scale, block_ids, out,
+        PAGE=page, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim), IS_INT8=is_int8,
+    )
+    return out
+
+
+def compact_block_tables(block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids int32 [n]: the distinct blocks used, tables int32 like block_tables indexing into ids; -1 kept)."""
+    used = block_tables[block_tables >= 0]
+    ids = torch.unique(used)
+    remapped = torch.searchsorted(ids, block_tables.clamp_min(0).to(ids.dtype))
+    remapped = torch.where(block_tables >= 0, remapped, torch.full_like(remapped, -1))
+    return ids.to(torch.int32), remapped.to(torch.int32)
+
+
+def dequantize_blocks(
+    cache_q: torch.Tensor, scale: torch.Tensor, block_ids: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """Dispatching wrapper (KVPILOT_KERNELS) over the Triton kernel and the torch reference."""
+    if backend_for(cache_q) == "triton":
+        return dequantize_blocks_triton(cache_q, scale, block_ids, out_dtype)
+    return dequantize_blocks_reference(cache_q, scale, block_ids, out_dtype)
+
+
+def paged_attention_prefill_quant(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """`paged_attention_prefill` (docs/dev/interfaces.md) over an int8/fp8 cache, in q's dtype."""
+    from kvpilot.engine.kernels import paged_attention_prefill
+
+    ids, tables = compact_block_tables(block_tables)
+    k = dequantize_blocks(k_cache, k_scale, ids, q.dtype)
+    v = dequantize_blocks(v_cache, v_scale, ids, q.dtype)
+    return paged_attention_prefill(q, k, v, tables, cu_seqlens_q, context_lens, scale)
