@@ -1,0 +1,134 @@
+"""Triton MLA decode with weight absorption: many heads per latent tile, split-K over the context.
+
+Program (sequence, head block, split): BLOCK_H query heads share every [BLOCK_N, L + R] tile of the
+latent cache, so each tile is read once for BLOCK_H heads. Scores are q_latent.c_kv + q_pe.k_pe;
+the output stays in latent space [B, H, L] (the caller applies W_UV and o_proj).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kvpilot.engine.kernels.dispatch import check_triton_device
+from kvpilot.engine.kernels.interpreter_compat import patch_interpreter
+from kvpilot.engine.kernels.kv_quant.split_reduce import default_num_splits, split_reduce
+
+LOG2E = 1.4426950408889634
+
+patch_interpreter()
+
+
+@triton.jit
+def _mla_decode_kernel(
+    q_lat_ptr, q_pe_ptr, cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, part_o_ptr, part_lse_ptr,
+    stride_qb, stride_qh, stride_pb, stride_ph, stride_bt, stride_ob, stride_oh,
+    stride_wb, stride_wh, stride_ws, stride_lb, stride_lh,
+    qk_scale_log2,
+    NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, RANK: tl.constexpr, BLOCK_L: tl.constexpr,
+    ROPE: tl.constexpr, BLOCK_R: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+):
+    b = tl.program_id(0)
+    hb = tl.program_id(1)
+    split = tl.program_id(2)
+    ctx = tl.load(context_lens_ptr + b)
+    per_split = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, ctx)
+
+    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask_h = heads < NUM_HEADS
+    offs_l = tl.arange(0, BLOCK_L)
+    offs_r = tl.arange(0, BLOCK_R)
+    mask_l = offs_l < RANK
+    mask_r = offs_r < ROPE
+    q_lat = tl.load(q_lat_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_l[None, :],
+                    mask=mask_h[:, None] & mask_l[None, :], other=0.0)
+    q_pe = tl.load(q_pe_ptr + b * stride_pb + heads[:, None] * stride_ph + offs_r[None, :],
+                   mask=mask_h[:, None] & mask_r[None, :], other=0.0)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_L], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < end
+        block = tl.load(block_tables_ptr + b * stride_bt + offs_n // PAGE, mask=mask_n, other=0)
+        row = (block.to(tl.int64) * PAGE + offs_n % PAGE) * (RANK + ROPE)
+        c = tl.load(cache_ptr + row[:, None] + offs_l[None, :], mask=mask_n[:, None] & mask_l[None, :], other=0.0)
+        pe = tl.load(cache_ptr + row[:, None] + RANK + offs_r[None, :],
+                     mask=mask_n[:, None] & mask_r[None, :], other=0.0)
+        s = tl.dot(q_lat, tl.trans(c)) + tl.dot(q_pe, tl.trans(pe))
+        s = tl.where(mask_n[None, :], s * qk_scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c)
+        m_i = m_new
+
+    out = acc / tl.maximum(l_i, 1e-30)[:, None]
+    mask_out = mask_h[:, None] & mask_l[None, :]
+    if NUM_SPLITS == 1:
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_l[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=mask_out)
+    else:
+        lse = tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))
+        tl.store(part_o_ptr + b * stride_wb + heads[:, None] * stride_wh + split * stride_ws + offs_l[None, :],
+                 out, mask=mask_out)
+        tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=mask_h)
+
+
+def mla_decode_triton(
+    q_latent: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+    block_h: int = 16,
+    block_n: int = 32,
+) -> torch.Tensor:
+    """q_latent [B, H, L], q_pe [B, H, R] over cache [blocks, page, L + R] -> latent output [B, H, L]."""
+    check_triton_device(q_latent, q_pe, kv_cache, block_tables, context_lens)
+    assert q_latent.dim() == 3 and q_pe.dim() == 3 and q_latent.shape[:2] == q_pe.shape[:2], (
+        f"q_latent [B, H, L] and q_pe [B, H, R] disagree: {tuple(q_latent.shape)} vs {tuple(q_pe.shape)}"
+    )
+    batch, num_heads, rank = q_latent.shape
+    rope = q_pe.shape[2]
+    assert kv_cache.dim() == 3 and kv_cache.shape[2] == rank + rope and kv_cache.is_contiguous(), (
+        f"cache must be contiguous [blocks, page, {rank}+{rope}], got {tuple(kv_cache.shape)}"
+    )
+    assert q_latent.dtype == q_pe.dtype == kv_cache.dtype, "q_latent, q_pe and cache must share one dtype"
+    assert q_latent.stride(-1) == 1 and q_pe.stride(-1) == 1, "last dims must be contiguous"
+    assert block_tables.dtype == torch.int32 and block_tables.shape[0] == batch and block_tables.stride(1) == 1
+    assert context_lens.dtype == torch.int32 and context_lens.shape == (batch,)
+    assert block_h >= 16 and block_n >= 16, "tl.dot needs tiles of at least 16"
+    head_blocks = triton.cdiv(num_heads, block_h)
+    if num_splits is None:
+        num_splits = default_num_splits(batch * head_blocks, q_latent.device)
+    out = torch.empty_like(q_latent)
+    if batch == 0:
+        return out
+    if num_splits > 1:
+        part_o = torch.empty(batch, num_heads, num_splits, rank, dtype=torch.float32, device=q_latent.device)
+        part_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q_latent.device)
+    else:
+        part_o = part_lse = out
+    _mla_decode_kernel[(batch, head_blocks, num_splits)](
+        q_latent, q_pe, kv_cache, block_tables, context_lens, out, part_o, part_lse,
+        q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1), block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        part_o.stride(0), part_o.stride(1), part_o.stride(2) if num_splits > 1 else 0,
+        part_lse.stride(0), part_lse.stride(1),
+        scale * LOG2E,
+        NUM_HEADS=num_heads, BLOCK_H=block_h, RANK=rank, BLOCK_L=triton.next_power_of_2(rank),
+        ROPE=rope, BLOCK_R=max(16, triton.next_power_of_2(rope)), PAGE=kv_cache.shape[1], BLOCK_N=block_n,
+        NUM_SPLITS=num_splits, num_warps=8 if rank >= 256 else 4,
+    )
+    if num_splits > 1:
+        split_reduce(part_o, part_lse, out)
+    return out
