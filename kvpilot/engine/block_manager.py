@@ -97,7 +97,9 @@ class BlockManager:
         return hits
 
     # -- allocation ----------------------------------------------------------------------
-    def can_allocate(self, seq: Sequence, num_new_tokens: int, hits: list[tuple[int, int]] | None = None) -> bool:
+    def can_allocate(
+        self, seq: Sequence, num_new_tokens: int, hits: list[tuple[int, int]] | None = None
+    ) -> bool:
         """Whether seq (holding no blocks) can take its prefix hits plus num_new_tokens slots."""
         assert not seq.block_table, f"{seq.request_id} already holds blocks"
         hits = self.match_prefix(seq) if hits is None else hits

@@ -1,0 +1,56 @@
+"""The attention layer: writes this step's K/V into the paged cache, then attends over it."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvpilot.engine.context import get_context
+from kvpilot.engine.kernels import paged_attention_decode, paged_attention_prefill, store_kvcache
+
+
+class Attention(nn.Module):
+    """Paged attention over one layer's k_cache/v_cache [num_blocks, block_size, Hkv, D]."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(
+                f"num_attention_heads ({num_heads}) must be a multiple of num_key_value_heads ({num_kv_heads})"
+            )
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.k_cache = torch.empty(0)
+        self.v_cache = torch.empty(0)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]."""
+        ctx = get_context()
+        if ctx.dense:
+            return self._dense_causal(q, k, v)
+        store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+        if ctx.is_prefill:
+            return paged_attention_prefill(
+                q,
+                self.k_cache,
+                self.v_cache,
+                ctx.block_tables,
+                ctx.cu_seqlens_q,
+                ctx.context_lens,
+                self.scale,
+            )
+        return paged_attention_decode(
+            q, self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens, self.scale
+        )
+
+    def _dense_causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        group = self.num_heads // self.num_kv_heads
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=self.scale
+        )
+        return out.transpose(0, 1)

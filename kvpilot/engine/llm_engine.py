@@ -1,0 +1,189 @@
+"""LLMEngine: add requests, then step() = schedule -> run -> postprocess (see docs/dev/interfaces.md)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvpilot.engine.block_manager import BlockManager
+from kvpilot.engine.config import EngineConfig, ModelConfig
+from kvpilot.engine.engine_stats import EngineStats, build_feed
+from kvpilot.engine.model_runner import ModelRunner
+from kvpilot.engine.sampling_params import SamplingParams
+from kvpilot.engine.scheduler import Scheduler
+from kvpilot.engine.sequence import Sequence
+from kvpilot.engine.tokenizer import Tokenizer
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request.
+
+    `text` is the request's whole completion so far, detokenised (cut before a stop string when
+    one ended it); `new_token_ids` are only this step's tokens.
+    """
+
+    request_id: str
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    text: str = ""
+
+
+class LLMEngine:
+    """Continuous-batching engine over a paged KV cache. step() is synchronous, not thread-safe."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.model_config = ModelConfig.from_dir(config.model)
+        self.tokenizer = Tokenizer(config.model, self.model_config.eos_token_ids)
+        self.runner = ModelRunner(config, self.model_config)
+        self.max_model_len = self._max_model_len()
+        self.block_manager = BlockManager(
+            self.runner.num_kv_blocks, config.block_size, config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            self.block_manager,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            eos_token_ids=self.tokenizer.eos_token_ids,
+        )
+        self.stats_state = EngineStats()
+        self._seqs: dict[str, Sequence] = {}
+        self._texts: dict[str, str] = {}
+        self._pending: list[RequestOutput] = []
+        self.ready = True
+
+    def _max_model_len(self) -> int:
+        mc = self.model_config
+        limits = [mc.max_position_embeddings, self.runner.num_kv_blocks * self.config.block_size]
+        if self.config.max_model_len is not None:
+            limits.append(self.config.max_model_len)
+        if mc.sliding_window:
+            limits.append(
+                mc.sliding_window
+            )  # kvpilot attends over the full context, so stay inside the window
+        return min(limits)
+
+    # -- requests ------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        if request_id in self._seqs:
+            raise ValueError(f"request id {request_id!r} is already in use by an unfinished request")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab}), got {bad[:5]}")
+        seq = Sequence(request_id, prompt_token_ids, params)
+        self.scheduler.add(seq)
+        self._seqs[request_id] = seq
+        self._texts[request_id] = ""
+        self.stats_state.prompt_tokens_total += len(seq)
+
+    def abort_request(self, request_id: str) -> None:
+        """Free the request's KV blocks now; its final output (reason 'abort') comes with the next step."""
+        seq = self.scheduler.abort(request_id)
+        if seq is None:
+            return
+        self.stats_state.on_finish(seq, time.monotonic())
+        self._pending.append(self._output(seq, []))
+        self._forget(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._pending)
+
+    # -- the step ------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        outputs, self._pending = self._pending, []
+        scheduled = self.scheduler.schedule()
+        if scheduled.is_empty:
+            return outputs
+        try:
+            sampled = self.runner.run(scheduled)
+        except torch.OutOfMemoryError:
+            self.stats_state.oom_events_total += 1
+            raise
+        self.scheduler.postprocess(scheduled, sampled)
+        now = time.monotonic()
+        for item, token in zip(scheduled.scheduled, sampled, strict=True):
+            if token is None:
+                continue
+            seq = item.seq
+            self.stats_state.on_token(seq, now)
+            self._check_stop_strings(seq)
+            if seq.is_finished:
+                self.stats_state.on_finish(seq, now)
+            outputs.append(self._output(seq, [token]))
+            if seq.is_finished:
+                self._forget(seq)
+        return outputs
+
+    def _check_stop_strings(self, seq: Sequence) -> None:
+        stops = seq.params.stop
+        text = self.tokenizer.decode(seq.completion_token_ids)
+        if stops and (seq.finish_reason is None or seq.finish_reason == "length"):
+            tail = max(0, len(self._texts[seq.request_id]) - max(len(s) for s in stops))
+            hits = [i for i in (text.find(s, tail) for s in stops) if i >= 0]
+            if hits:
+                text = text[: min(hits)]
+                if not seq.is_finished:
+                    self.scheduler.finish(seq, "stop")
+                seq.finish_reason = "stop"
+        self._texts[seq.request_id] = text
+
+    def _output(self, seq: Sequence, new_token_ids: list[int]) -> RequestOutput:
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=new_token_ids,
+            finished=seq.is_finished,
+            finish_reason=seq.finish_reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
+            text=self._texts.get(seq.request_id, ""),
+        )
+
+    def _forget(self, seq: Sequence) -> None:
+        self._seqs.pop(seq.request_id, None)
+        self._texts.pop(seq.request_id, None)
+        self.runner.release(seq.request_id)
+
+    # -- scoring and stats ---------------------------------------------------------------
+    def score(self, prompt_token_ids: list[int], continuation_token_ids: list[int]) -> list[float]:
+        """log p of each continuation token given the prompt and the continuation before it."""
+        if not prompt_token_ids or not continuation_token_ids:
+            raise ValueError("score needs at least one prompt token and one continuation token")
+        total = len(prompt_token_ids) + len(continuation_token_ids)
+        if total > self.max_model_len:
+            raise ValueError(f"prompt + continuation is {total} tokens; the limit is {self.max_model_len}")
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in [*prompt_token_ids, *continuation_token_ids]):
+            raise ValueError(f"token ids must be in [0, {vocab})")
+        return self.runner.score(prompt_token_ids, continuation_token_ids)
+
+    def record_rejection(self, reason: str) -> None:
+        self.stats_state.record_rejection(reason)
+
+    def stats(self) -> dict[str, Any]:
+        runner = self.runner
+        memory = {
+            "weights": runner.weights_bytes,
+            "kv_pool": runner.num_kv_blocks * runner.bytes_per_block,
+            "activation_peak": runner.activation_peak_bytes,
+            **runner.memory_stats(),
+        }
+        info = {
+            "model": self.config.model,
+            "strategy": self.config.strategy,
+            "device": runner.device.type,
+            "ready": self.ready,
+            "kv_cache_dtype": str(runner.kv_dtype).removeprefix("torch."),
+        }
+        return build_feed(
+            self.stats_state, info, self.block_manager, self.scheduler, runner.bytes_per_block, memory
+        )

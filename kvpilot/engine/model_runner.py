@@ -1,0 +1,244 @@
+"""The only owner of the device: model weights, the paged KV cache, forward passes and sampling."""
+
+from __future__ import annotations
+
+import torch
+
+from kvpilot.engine.config import EngineConfig, ModelConfig
+from kvpilot.engine.context import Context, reset_context, set_context
+from kvpilot.engine.loader import load_weights
+from kvpilot.engine.models import build_model
+from kvpilot.engine.sampler import sample
+from kvpilot.engine.scheduler import SchedulerOutput
+from kvpilot.engine.sequence import Sequence
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def pick_device(requested: str) -> torch.device:
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device {requested!r} was requested but CUDA is not available; use device='cpu'")
+    return torch.device(requested)
+
+
+def pick_dtype(requested: str, model_dtype: str, device: torch.device) -> torch.dtype:
+    """'auto': the checkpoint's dtype on CUDA, float32 on CPU (bf16 matmuls are slow there)."""
+    if requested != "auto":
+        return DTYPES[requested]
+    if device.type == "cpu":
+        return torch.float32
+    return DTYPES.get(model_dtype, torch.bfloat16)
+
+
+class ModelRunner:
+    """Loads the model, sizes and owns the KV pool, and turns scheduled chunks into sampled tokens."""
+
+    def __init__(self, config: EngineConfig, model_config: ModelConfig) -> None:
+        self.config = config
+        self.model_config = model_config
+        self.device = pick_device(config.device)
+        self.dtype = pick_dtype(config.dtype, model_config.torch_dtype, self.device)
+        self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else DTYPES[config.kv_cache_dtype]
+        self.block_size = config.block_size
+        torch.set_default_dtype(torch.float32)
+        with torch.device("meta"):
+            model = build_model(model_config)
+        self.model = model.to_empty(device=self.device).to(self.dtype)
+        self.model.tie_weights()
+        self._restore_buffers()
+        load_weights(self.model, config.model, config.weight_sha256, config.show_progress)
+        self.model.eval()
+        self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.generators: dict[str, torch.Generator] = {}
+        self.activation_peak_bytes = 0
+        self._baseline_allocated = torch.cuda.memory_allocated(self.device) if self.is_cuda else 0
+        self.num_kv_blocks = self._size_kv_pool()
+        self._allocate_kv_cache()
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def _restore_buffers(self) -> None:
+        from kvpilot.engine.models.layers import RotaryEmbedding, rope_inv_freq
+
+        mc = self.model_config
+        for module in self.model.modules():
+            if isinstance(module, RotaryEmbedding):
+                module.inv_freq = rope_inv_freq(mc.head_dim, mc.rope_theta, mc.rope_scaling).to(self.device)
+
+    # -- KV pool -------------------------------------------------------------------------
+    @property
+    def bytes_per_block(self) -> int:
+        mc = self.model_config
+        elem = torch.empty((), dtype=self.kv_dtype).element_size()
+        return 2 * mc.num_hidden_layers * self.block_size * mc.num_key_value_heads * mc.head_dim * elem
+
+    def _size_kv_pool(self) -> int:
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        if not self.is_cuda:
+            return max(1, self.config.cpu_kv_cache_bytes // self.bytes_per_block)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        self._profile_run()
+        peak = torch.cuda.max_memory_allocated(self.device) - before
+        self.activation_peak_bytes = peak
+        free, total = torch.cuda.mem_get_info(self.device)
+        budget = int(total * self.config.gpu_memory_utilization) - (total - free) - peak
+        blocks = budget // self.bytes_per_block
+        if blocks < 1:
+            raise RuntimeError(
+                f"no GPU memory left for the KV cache: {total / 2**30:.1f} GiB total, "
+                f"{(total - free) / 2**30:.1f} GiB in use, activation peak {peak / 2**30:.2f} GiB at "
+                f"gpu_memory_utilization={self.config.gpu_memory_utilization}; raise it or lower max_num_batched_tokens"
+            )
+        return int(blocks)
+
+    @torch.inference_mode()
+    def _profile_run(self) -> None:
+        n = min(self.config.max_num_batched_tokens, self.model_config.max_position_embeddings)
+        ids = torch.zeros(n, dtype=torch.long, device=self.device)
+        set_context(Context(is_prefill=True, dense=True))
+        try:
+            hidden = self.model(ids, torch.arange(n, device=self.device))
+            self.model.compute_logits(hidden[-min(n, self.config.max_num_seqs) :]).float()
+        finally:
+            reset_context()
+        torch.cuda.synchronize(self.device)
+
+    def _allocate_kv_cache(self) -> None:
+        mc = self.model_config
+        shape = (
+            2,
+            mc.num_hidden_layers,
+            self.num_kv_blocks,
+            self.block_size,
+            mc.num_key_value_heads,
+            mc.head_dim,
+        )
+        self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+        for i, attn in enumerate(self.model.attention_layers()):
+            attn.k_cache = self.kv_cache[0, i]
+            attn.v_cache = self.kv_cache[1, i]
+
+    # -- one step ------------------------------------------------------------------------
+    @torch.inference_mode()
+    def run(self, out: SchedulerOutput) -> list[int | None]:
+        """Run the scheduled chunks; return a sampled token for each chunk that ends its sequence."""
+        ctx, input_ids, positions, sample_rows = self._prepare(out)
+        set_context(ctx)
+        try:
+            hidden = self.model(input_ids, positions)
+        finally:
+            reset_context()
+        sampled: list[int | None] = [None] * len(out.scheduled)
+        if sample_rows:
+            rows = torch.tensor([r for _, r in sample_rows], device=self.device)
+            logits = self.model.compute_logits(hidden[rows]).float()
+            seqs = [out.scheduled[i].seq for i, _ in sample_rows]
+            tokens = self._sample(logits, seqs).tolist()
+            for (i, _), token in zip(sample_rows, tokens, strict=True):
+                sampled[i] = int(token)
+        self._track_activation(input_ids.numel(), len(sample_rows))
+        return sampled
+
+    def _prepare(
+        self, out: SchedulerOutput
+    ) -> tuple[Context, torch.Tensor, torch.Tensor, list[tuple[int, int]]]:
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        cu = [0]
+        context_lens: list[int] = []
+        sample_rows: list[tuple[int, int]] = []
+        for i, item in enumerate(out.scheduled):
+            seq, start = item.seq, item.seq.num_computed_tokens
+            end = start + item.num_new_tokens
+            input_ids += seq.token_ids[start:end]
+            positions += range(start, end)
+            slots += [seq.block_table[p // bs] * bs + p % bs for p in range(start, end)]
+            cu.append(cu[-1] + item.num_new_tokens)
+            context_lens.append(end)
+            if item.samples:
+                sample_rows.append((i, cu[-1] - 1))
+        width = max(len(item.seq.block_table) for item in out.scheduled)
+        tables = [item.seq.block_table + [-1] * (width - len(item.seq.block_table)) for item in out.scheduled]
+        is_prefill = any(item.num_new_tokens > 1 for item in out.scheduled)
+        ctx = Context(
+            is_prefill=is_prefill,
+            slot_mapping=self._int32(slots),
+            block_tables=self._int32(tables),
+            cu_seqlens_q=self._int32(cu),
+            context_lens=self._int32(context_lens),
+        )
+        ids = torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=True)
+        pos = torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True)
+        return ctx, ids, pos, sample_rows
+
+    def _int32(self, data: list) -> torch.Tensor:
+        return torch.tensor(data, dtype=torch.int32).to(self.device, non_blocking=True)
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        params = [s.params for s in seqs]
+        temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=self.device)
+        top_ks = torch.tensor([p.top_k for p in params], dtype=torch.long, device=self.device)
+        top_ps = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=self.device)
+        return sample(logits, temps, top_ks, top_ps, [self._generator(s) for s in seqs])
+
+    def _generator(self, seq: Sequence) -> torch.Generator | None:
+        if seq.params.seed is None or seq.params.greedy:
+            return None
+        gen = self.generators.get(seq.request_id)
+        if gen is None:
+            gen = torch.Generator(device=self.device).manual_seed(seq.params.seed)
+            self.generators[seq.request_id] = gen
+        return gen
+
+    def release(self, request_id: str) -> None:
+        """Forget per-request device state (its seeded generator)."""
+        self.generators.pop(request_id, None)
+
+    def _track_activation(self, num_tokens: int, num_logit_rows: int) -> None:
+        if self.is_cuda:
+            base = self._baseline_allocated + self.kv_cache.numel() * self.kv_cache.element_size()
+            peak = torch.cuda.max_memory_allocated(self.device) - base
+        else:
+            peak = self.estimate_activation_bytes(num_tokens, num_logit_rows)
+        self.activation_peak_bytes = max(self.activation_peak_bytes, peak)
+
+    def estimate_activation_bytes(self, num_tokens: int, num_logit_rows: int) -> int:
+        """CPU estimate: one layer's live intermediates for num_tokens plus the fp32 logits."""
+        mc = self.model_config
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        qkv = (mc.num_attention_heads + 2 * mc.num_key_value_heads) * mc.head_dim
+        per_token = 3 * mc.hidden_size + qkv + mc.num_attention_heads * mc.head_dim + 3 * mc.intermediate_size
+        return num_tokens * per_token * elem + num_logit_rows * mc.vocab_size * 4
+
+    # -- scoring -------------------------------------------------------------------------
+    @torch.inference_mode()
+    def score(self, prompt_token_ids: list[int], continuation_token_ids: list[int]) -> list[float]:
+        """log p(continuation[i] | prompt + continuation[:i]) for each continuation token."""
+        tokens = list(prompt_token_ids) + list(continuation_token_ids)
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        set_context(Context(is_prefill=True, dense=True))
+        try:
+            hidden = self.model(ids, torch.arange(len(tokens), device=self.device))
+        finally:
+            reset_context()
+        start = len(prompt_token_ids) - 1
+        logits = self.model.compute_logits(hidden[start : len(tokens) - 1]).float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        target = torch.tensor(continuation_token_ids, dtype=torch.long, device=self.device)
+        return logprobs.gather(-1, target[:, None])[:, 0].tolist()
+
+    def memory_stats(self) -> dict[str, int]:
+        if not self.is_cuda:
+            return {"torch_reserved": 0, "torch_allocated": 0}
+        return {
+            "torch_reserved": int(torch.cuda.memory_reserved(self.device)),
+            "torch_allocated": int(torch.cuda.memory_allocated(self.device)),
+        }
