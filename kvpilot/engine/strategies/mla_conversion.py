@@ -1,0 +1,99 @@
+"""MLA conversion: factorise K/V projections into one shared latent of rank r (MHA2MLA / Palu style).
+
+W = [W_K(nope rows); W_V] [out, hidden] = U S V^T; keep r: down = V_r^T [r, hidden] (shared, the
+cached latent is c = down x), up = U_r S_r, split into up_K and up_V. Truncated SVD is the best rank-r
+approximation in Frobenius norm (Eckart-Young), so the error falls monotonically with r and is zero
+at full rank. RoPE: `rope_dims` dims per head (the highest-frequency pairs, MHA2MLA's choice) stay
+un-factorised and are cached exactly, post-RoPE; see docs/strategies.md for how the engine applies
+RoPE to the reconstructed dims.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class MlaConversion:
+    """One layer's factorised K/V projections and their relative Frobenius reconstruction errors."""
+
+    down: torch.Tensor  # [r, hidden]: latent c = down @ x, cached per token
+    up_k: torch.Tensor  # [Hkv * (D - rope_dims), r]: factorised key dims
+    up_v: torch.Tensor  # [Hkv * Dv, r]
+    k_rope: torch.Tensor  # [Hkv * rope_dims, hidden]: exact key rows kept for RoPE
+    rope_index: torch.Tensor  # [rope_dims] dims of each head kept exact
+    nope_index: torch.Tensor  # [D - rope_dims] dims of each head factorised
+    rank: int
+    error_k: float
+    error_v: float
+    error: float
+
+    def report(self) -> str:
+        return (
+            f"mla latent_rank={self.rank}: relative reconstruction error K={self.error_k:.4f} "
+            f"V={self.error_v:.4f} joint={self.error:.4f}"
+        )
+
+
+def rope_keep_index(head_dim: int, rope_dims: int) -> torch.Tensor:
+    """Dims kept exact: the rope_dims/2 highest-frequency rotate_half pairs (i, i + D/2)."""
+    if rope_dims % 2 or not 0 <= rope_dims <= head_dim:
+        raise ValueError(f"rope_dims={rope_dims} must be even and within 0..head_dim={head_dim}")
+    half = rope_dims // 2
+    return torch.cat([torch.arange(half), head_dim // 2 + torch.arange(half)])
+
+
+def _relative_error(w: torch.Tensor, w_hat: torch.Tensor) -> float:
+    norm = w.norm()
+    return float((w - w_hat).norm() / norm) if norm > 0 else float((w - w_hat).norm())
+
+
+def factorize_kv(
+    w_k: torch.Tensor, w_v: torch.Tensor, num_kv_heads: int, rank: int, rope_dims: int = 0
+) -> MlaConversion:
+    """w_k [Hkv*D, hidden], w_v [Hkv*Dv, hidden] -> shared-latent factorisation of rank `rank` (fp32)."""
+    head_dim = w_k.shape[0] // num_kv_heads
+    if w_k.shape[0] != num_kv_heads * head_dim or w_v.shape[0] % num_kv_heads:
+        raise ValueError(f"K/V rows {w_k.shape[0]}, {w_v.shape[0]} are not multiples of Hkv={num_kv_heads}")
+    keep = rope_keep_index(head_dim, rope_dims)
+    nope = torch.tensor([d for d in range(head_dim) if d not in set(keep.tolist())], dtype=torch.long)
+    wk = w_k.double().reshape(num_kv_heads, head_dim, -1)
+    w_k_nope = wk[:, nope].reshape(-1, w_k.shape[1])
+    joint = torch.cat([w_k_nope, w_v.double()])
+    max_rank = min(joint.shape)
+    if not 1 <= rank <= max_rank:
+        raise ValueError(f"latent_rank={rank} must be within 1..{max_rank} (min of K/V rows and hidden size)")
+    u, s, vh = torch.linalg.svd(joint, full_matrices=False)
+    up = u[:, :rank] * s[:rank]
+    down = vh[:rank]
+    approx = up @ down
+    n_k = w_k_nope.shape[0]
+    return MlaConversion(
+        down=down.float(),
+        up_k=up[:n_k].float(),
+        up_v=up[n_k:].float(),
+        k_rope=wk[:, keep].reshape(-1, w_k.shape[1]).float(),
+        rope_index=keep,
+        nope_index=nope,
+        rank=rank,
+        error_k=_relative_error(w_k_nope, approx[:n_k]),
+        error_v=_relative_error(w_v.double(), approx[n_k:]),
+        error=_relative_error(joint, approx),
+    )
+
+
+def reconstruct_k(conv: MlaConversion, num_kv_heads: int) -> torch.Tensor:
+    """The approximate W_K [Hkv*D, hidden]: exact RoPE rows and up_k @ down elsewhere, in head order."""
+    head_dim = len(conv.rope_index) + len(conv.nope_index)
+    hidden = conv.down.shape[1]
+    w = torch.empty(num_kv_heads, head_dim, hidden)
+    w[:, conv.nope_index] = (conv.up_k @ conv.down).reshape(num_kv_heads, -1, hidden)
+    w[:, conv.rope_index] = conv.k_rope.reshape(num_kv_heads, -1, hidden)
+    return w.reshape(num_kv_heads * head_dim, hidden)
+
+
+def reconstruct_v(conv: MlaConversion) -> torch.Tensor:
+    """The approximate W_V [Hkv*Dv, hidden]."""
+    return conv.up_v @ conv.down

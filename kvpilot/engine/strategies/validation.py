@@ -1,0 +1,68 @@
+"""Runtime validation (seed 000, 6.5): compare one layer's approximate attention with the exact one.
+
+Every `validate_every` decode tokens on sampled sequences the engine computes both outputs; a
+cosine below the threshold (0.92) moves the sequence to the exact path where one exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+COSINE_THRESHOLD = 0.92
+VALIDATE_EVERY = 100
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    """The measured cosine and whether (and why) the sequence falls back to the exact path."""
+
+    cosine: float
+    fallback: bool
+    reason: str | None
+
+
+def attention_cosine(exact: torch.Tensor, approx: torch.Tensor) -> float:
+    """Mean over tokens of the cosine between exact and approximate outputs [T, H, D] (or [H, D]).
+
+    Each token's heads are concatenated; a zero vector against a zero vector counts as 1, against a
+    non-zero one as 0.
+    """
+    if exact.shape != approx.shape:
+        raise ValueError(f"exact {tuple(exact.shape)} and approximate {tuple(approx.shape)} outputs differ in shape")
+    e = exact.double().reshape(-1 if exact.dim() > 2 else 1, exact.shape[-2] * exact.shape[-1])
+    a = approx.double().reshape(e.shape)
+    dot = (e * a).sum(1)
+    norms = e.norm(dim=1) * a.norm(dim=1)
+    both_zero = (e.norm(dim=1) == 0) & (a.norm(dim=1) == 0)
+    cos = torch.where(norms > 0, dot / norms.clamp_min(1e-300), torch.zeros_like(dot))
+    cos = torch.where(both_zero, torch.ones_like(cos), cos)
+    return float(cos.mean())
+
+
+def should_validate(decode_tokens: int, every: int = VALIDATE_EVERY) -> bool:
+    """True on every `every`-th decode token of a sequence (never on token 0)."""
+    if every <= 0:
+        raise ValueError(f"validate_every={every} must be positive")
+    return decode_tokens > 0 and decode_tokens % every == 0
+
+
+def validate_attention(
+    exact: torch.Tensor,
+    approx: torch.Tensor,
+    strategy: str,
+    threshold: float = COSINE_THRESHOLD,
+    has_exact_path: bool = True,
+) -> ValidationResult:
+    """Decide fallback for one sequence from one layer's exact and approximate attention outputs."""
+    if not torch.isfinite(approx).all():
+        return ValidationResult(float("nan"), has_exact_path, f"{strategy}: non-finite approximate attention output")
+    cosine = attention_cosine(exact, approx)
+    if cosine >= threshold:
+        return ValidationResult(cosine, False, None)
+    if not has_exact_path:
+        return ValidationResult(
+            cosine, False, f"{strategy}: attention cosine {cosine:.4f} < {threshold}, but no exact path to fall back to"
+        )
+    return ValidationResult(cosine, True, f"{strategy}: attention cosine {cosine:.4f} < {threshold}")
