@@ -1,0 +1,103 @@
+"""Admission control: a request is accepted only if it fits the model and the queue has room.
+
+The queue is counted in the server: requests admitted and not yet finished beyond the engine's
+`max_num_seqs` are the ones waiting. Every rejection is counted in the engine's stats feed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kvpilot.engine.server.errors import APIError
+
+QUEUE_RETRY_AFTER_SECONDS = 1
+NOT_READY_RETRY_AFTER_SECONDS = 5
+
+
+class Admission:
+    """Counts in-flight requests and turns away those that cannot be served."""
+
+    def __init__(
+        self,
+        *,
+        max_model_len: int,
+        max_num_seqs: int,
+        max_queue: int,
+        record_rejection: Callable[[str], None],
+    ) -> None:
+        if max_model_len < 2 or max_num_seqs < 1 or max_queue < 0:
+            raise ValueError(
+                f"admission needs max_model_len >= 2, max_num_seqs >= 1, max_queue >= 0; got "
+                f"{max_model_len}, {max_num_seqs}, {max_queue}"
+            )
+        self.max_model_len = max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.max_queue = max_queue
+        self.in_flight = 0
+        self._record = record_rejection
+
+    @property
+    def waiting(self) -> int:
+        return max(0, self.in_flight - self.max_num_seqs)
+
+    def reject(self, reason: str, error: APIError) -> APIError:
+        self._record(reason)
+        return error
+
+    def max_tokens_for(self, num_prompt_tokens: int, requested: int | None, default: int | None) -> int:
+        """The max_tokens to use, or a 400 naming both numbers and the limit."""
+        if num_prompt_tokens < 1:
+            raise self.reject(
+                "invalid", APIError(400, "the prompt is empty: send at least one token", param="prompt")
+            )
+        room = self.max_model_len - num_prompt_tokens
+        if requested is None:
+            if room < 1:
+                raise self.reject("too_long", self._too_long(num_prompt_tokens, None))
+            return room if default is None else min(default, room)
+        if num_prompt_tokens + requested > self.max_model_len:
+            raise self.reject("too_long", self._too_long(num_prompt_tokens, requested))
+        return requested
+
+    def _too_long(self, num_prompt_tokens: int, requested: int | None) -> APIError:
+        if requested is None:
+            message = (
+                f"the prompt has {num_prompt_tokens} tokens, which leaves no room to generate within this "
+                f"model's maximum context length of {self.max_model_len} tokens; shorten the prompt"
+            )
+        else:
+            message = (
+                f"the prompt has {num_prompt_tokens} tokens and max_tokens asks for {requested}: "
+                f"{num_prompt_tokens + requested} tokens exceed this model's maximum context length of "
+                f"{self.max_model_len} tokens; shorten the prompt or lower max_tokens to at most "
+                f"{max(0, self.max_model_len - num_prompt_tokens)}"
+            )
+        return APIError(400, message, param="max_tokens", code="context_length_exceeded")
+
+    def acquire(self) -> None:
+        """Take a place in the engine or its queue, or raise a 429 with Retry-After."""
+        if self.in_flight >= self.max_num_seqs + self.max_queue:
+            raise self.reject(
+                "queue_full",
+                APIError(
+                    429,
+                    f"the server is at capacity: {self.in_flight} requests in flight "
+                    f"({self.max_num_seqs} running, {self.max_queue} queued at most); retry after "
+                    f"{QUEUE_RETRY_AFTER_SECONDS} s",
+                    code="queue_full",
+                    headers={"Retry-After": str(QUEUE_RETRY_AFTER_SECONDS)},
+                ),
+            )
+        self.in_flight += 1
+
+    def release(self) -> None:
+        self.in_flight = max(0, self.in_flight - 1)
+
+
+def not_ready_error(detail: str) -> APIError:
+    return APIError(
+        503,
+        f"the engine is not ready: {detail}; retry after {NOT_READY_RETRY_AFTER_SECONDS} s",
+        code="not_ready",
+        headers={"Retry-After": str(NOT_READY_RETRY_AFTER_SECONDS)},
+    )

@@ -1,0 +1,44 @@
+"""The API application: routes, error shape, strategy header, and the engine's life cycle."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from kvpilot import __version__
+from kvpilot.engine.server.errors import install_error_handlers
+from kvpilot.engine.server.middleware import StrategyHeaderMiddleware
+from kvpilot.engine.server.routes import router
+from kvpilot.engine.server.runtime import ServerRuntime
+
+
+def create_app(runtime: ServerRuntime, *, manage_engine: bool = True) -> FastAPI:
+    """The API app. With `manage_engine`, starting the app starts loading the engine (in the
+    background: /health answers at once, /ready once the engine has loaded and warmed up) and
+    stopping it stops the engine loop, aborting what is still running."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if manage_engine and runtime.state == "starting":
+            runtime.start_loading()
+        try:
+            yield
+        finally:
+            if manage_engine:
+                runtime.shutdown()
+
+    app = FastAPI(
+        title="kvpilot engine",
+        version=__version__,
+        description="OpenAI-compatible completions served by the kvpilot engine, plus /v1/score.",
+        lifespan=lifespan,
+    )
+    app.state.runtime = runtime
+    install_error_handlers(
+        app, runtime.settings.strategy, on_invalid=lambda: runtime.record_rejection("invalid")
+    )
+    app.include_router(router)
+    app.add_middleware(StrategyHeaderMiddleware, strategy=runtime.settings.strategy)
+    return app

@@ -1,0 +1,80 @@
+"""The capacity plan `kvpilot serve` prints at start and sizes its KV pool from (kvpilot.planner).
+
+On a GPU the plan uses the device's total memory; on CPU a configured memory budget stands in
+for it (there is no CUDA context there). The weights are the safetensors files' actual size.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from kvpilot.planner import CapacityPlan, GpuSpec, KVStrategy, ModelShape, plan_capacity
+
+# EngineConfig dtype names -> the planner's KV dtype names ("auto" = the model's own precision).
+_PLANNER_KV_DTYPE = {"auto": "auto", "float32": "auto", "float16": "fp16", "bfloat16": "bf16"}
+_SHORT_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return "cuda" if device.startswith("cuda") else device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def model_dtype(model_dir: str) -> str:
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return str(config.get("torch_dtype") or config.get("dtype") or "float32").removeprefix("torch.")
+
+
+def strategy_name(config: Any) -> str:
+    """The default X-Model-Strategy: attention strategy and KV dtype, e.g. `native-bf16`."""
+    kv = config.kv_cache_dtype
+    if kv == "auto":
+        kv = config.dtype if config.dtype != "auto" else model_dtype(config.model)
+    return f"{config.strategy}-{_SHORT_DTYPE.get(kv, kv)}"
+
+
+def device_memory(device: str, cpu_budget_bytes: int) -> GpuSpec:
+    if device == "cuda":
+        import torch
+
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return GpuSpec(product=props.name.replace(" ", "-"), memory_bytes=int(props.total_memory))
+    return GpuSpec(product="cpu-budget", memory_bytes=cpu_budget_bytes, cuda_context_bytes=0)
+
+
+def plan_for(config: Any, device: str, cpu_budget_bytes: int, watermark: float) -> CapacityPlan:
+    raw = json.loads((Path(config.model) / "config.json").read_text())
+    max_seq_len = config.max_model_len or int(raw.get("max_position_embeddings") or 4096)
+    kv_dtype = config.kv_cache_dtype if config.kv_cache_dtype != "auto" else config.dtype
+    strategy = KVStrategy(
+        attention=config.strategy,
+        kv_cache_dtype=_PLANNER_KV_DTYPE.get(kv_dtype, kv_dtype),
+        block_size=config.block_size,
+    )
+    weights = sum(f.stat().st_size for f in Path(config.model).glob("*.safetensors")) or None
+    return plan_capacity(
+        ModelShape.from_hf_config(raw),
+        strategy,
+        device_memory(device, cpu_budget_bytes),
+        max_seq_len=max_seq_len,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs,
+        watermark=watermark,
+        weights_bytes_override=weights,
+    )
+
+
+def parse_bytes(text: str) -> int:
+    """`512MiB`, `2GiB`, `1.5G`, `1048576` -> bytes."""
+    units = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+    value = text.strip().lower().removesuffix("b")
+    number = value.rstrip("kmgti")
+    unit = value[len(number) :]
+    if unit not in units or not number:
+        raise ValueError(f"{text!r} is not a byte size; write e.g. 268435456, 256MiB or 2GiB")
+    return int(float(number) * units[unit])

@@ -1,0 +1,183 @@
+"""Serving one chat or text completion: admit it, run it once, answer every caller that asked."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from kvpilot.engine.server.errors import STRATEGY_HEADER, APIError, error_body, error_response
+from kvpilot.engine.server.formats import DONE_EVENT, CompletionFormat, sse
+from kvpilot.engine.server.generation import EngineFailure, Generation
+from kvpilot.engine.server.idempotency import IDEMPOTENCY_HEADER, IdempotencyStore, body_fingerprint
+from kvpilot.engine.server.prompts import (
+    chat_prompt_ids,
+    completion_prompt_ids,
+    reject_unsupported,
+    sampling_params,
+)
+from kvpilot.engine.server.protocol import ChatCompletionRequest, CompletionRequest
+from kvpilot.engine.server.responses import Usage
+from kvpilot.engine.server.result_log import ResultLog
+from kvpilot.engine.server.runtime import ServerRuntime
+
+log = logging.getLogger("kvpilot.server")
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def serve_completion(
+    request: Request, runtime: ServerRuntime, req: ChatCompletionRequest | CompletionRequest
+) -> Response:
+    chat = isinstance(req, ChatCompletionRequest)
+    engine_loop, admission = runtime.require_ready()
+    runtime.check_model(req.model)
+    try:
+        reject_unsupported(req)
+        tokenizer = runtime.tokenizer
+        if isinstance(req, ChatCompletionRequest):
+            prompt_ids = chat_prompt_ids(tokenizer, req)
+        else:
+            prompt_ids = completion_prompt_ids(tokenizer, req, getattr(tokenizer, "vocab_size", None))
+    except APIError as exc:
+        if exc.status < 500:
+            runtime.record_rejection("invalid")
+        raise
+    default = None if chat else runtime.settings.default_completion_max_tokens
+    max_tokens = admission.max_tokens_for(len(prompt_ids), req.requested_max_tokens(), default)
+    params = sampling_params(req, max_tokens)
+
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    fingerprint = ""
+    if key is not None:
+        IdempotencyStore.check_key(key)
+        fingerprint = body_fingerprint(request.url.path, req.model_dump(mode="json", exclude_unset=True))
+        existing = runtime.idempotency.lookup(key, fingerprint)
+        if existing is not None:
+            log.info("idempotency key %r: joining the earlier request", key)
+            return await respond(request, runtime, existing, req.stream)
+
+    admission.acquire()
+    fmt = CompletionFormat(
+        chat=chat,
+        response_id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
+        created=runtime.created_now(),
+        model=runtime.settings.model_name,
+        fingerprint=runtime.settings.strategy,
+        include_usage=req.include_usage_in_stream(),
+    )
+    result = ResultLog()
+    result.on_end(lambda _: admission.release())
+    stop = req.stop_list()
+
+    async def produce(out: ResultLog) -> None:
+        gen = Generation(engine_loop, fmt.response_id, prompt_ids, params, tokenizer, stop)
+        try:
+            await _run(gen, fmt, out, req.stream)
+        except EngineFailure as exc:
+            runtime.record_rejection("internal_error")
+            raise APIError(500, f"internal error while generating: {exc}", code="internal_error") from exc
+        finally:
+            gen.abort()
+
+    result.run(produce)
+    if key is not None:
+        runtime.idempotency.remember(key, fingerprint, result)
+    return await respond(request, runtime, result, req.stream)
+
+
+async def _run(gen: Generation, fmt: CompletionFormat, out: ResultLog, stream: bool) -> None:
+    await gen.start()
+    if stream and (first := fmt.first_chunk()) is not None:
+        out.append(first)
+    pieces: list[str] = []
+    finish_reason: str | None = None
+    completion_tokens = 0
+    async for delta in gen.deltas():
+        completion_tokens = delta.completion_tokens
+        finish_reason = delta.finish_reason or finish_reason
+        if stream:
+            if delta.text or delta.finish_reason:
+                out.append(fmt.chunk(delta.text, delta.finish_reason))
+        else:
+            pieces.append(delta.text)
+    usage = Usage.of(gen.num_prompt_tokens, completion_tokens, gen.num_cached_tokens)
+    if stream:
+        if fmt.include_usage:
+            out.append(fmt.usage_chunk(usage))
+        out.append(DONE_EVENT)
+    else:
+        out.append(fmt.whole("".join(pieces), finish_reason, usage))
+    out.finish()
+
+
+async def respond(request: Request, runtime: ServerRuntime, result: ResultLog, stream: bool) -> Response:
+    strategy = runtime.settings.strategy
+    if stream:
+        await result.wait_first()
+        if not result.events and result.error is not None:
+            return error_response(_client_visible(result.error), strategy)
+        return StreamingResponse(
+            _stream(result),
+            media_type="text/event-stream",
+            headers={**SSE_HEADERS, STRATEGY_HEADER: strategy},
+        )
+    if not await _ended_unless_disconnected(request, result):
+        return Response(status_code=499, headers={STRATEGY_HEADER: strategy})
+    if result.error is not None or not result.events:
+        return error_response(_client_visible(result.error or _NO_RESULT), strategy)
+    return JSONResponse(result.events[-1], headers={STRATEGY_HEADER: strategy})
+
+
+async def _stream(result: ResultLog) -> AsyncIterator[str]:
+    async for event in result.read():
+        yield event
+    if result.error is not None:
+        yield sse(error_body(result.error.status, result.error.message, code=result.error.code))
+
+
+async def _ended_unless_disconnected(request: Request, result: ResultLog) -> bool:
+    """Wait for the result to end; False when the client left first (its generation is then aborted)."""
+
+    async def collect() -> None:
+        async for _ in result.read():
+            pass
+
+    reader = asyncio.ensure_future(collect())
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({reader, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        reader.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if reader.done():
+        reader.result()
+        return True
+    reader.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reader
+    return False
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message.get("type") == "http.disconnect":
+            return
+
+
+_NO_RESULT = APIError(500, "the request ended without a result", code="internal_error")
+
+
+def _client_visible(error: APIError) -> APIError:
+    # 499 is for logs only (the client is gone); a joiner that outlived it sees a 500 it can retry.
+    if error.status == 499:
+        return APIError(500, "the original request was aborted before it finished; retry", code="aborted")
+    return error

@@ -1,0 +1,205 @@
+"""The one thread that owns the engine: it adds, aborts and steps requests, and hands outputs back."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+log = logging.getLogger("kvpilot.server")
+
+IDLE_POLL_SECONDS = 0.05
+
+
+class RequestSink(Protocol):
+    """Receives one request's events. Called on the engine thread; must only hand off, never block."""
+
+    def accepted(self) -> None: ...
+    def output(self, output: Any) -> None: ...
+    def failed(self, error: BaseException) -> None: ...
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: Any
+    sink: RequestSink
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+@dataclass
+class _Call:
+    fn: Callable[[Any], Any]
+    future: concurrent.futures.Future
+
+
+class EngineLoop:
+    """Runs `engine.step()` on one dedicated thread; every engine call goes through this thread.
+
+    A failure while adding or delivering one request fails that request only. A failure inside
+    `step()` cannot be attributed to one request, so the requests then inside the engine are
+    failed and aborted (their blocks freed) and the loop carries on with new ones.
+    """
+
+    def __init__(self, engine: Any, *, name: str = "kvpilot-engine") -> None:
+        self.engine = engine
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._sinks: dict[str, RequestSink] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.steps = 0
+        self.step_failures = 0
+
+    # ---- any thread ----
+    def start(self) -> EngineLoop:
+        self._thread.start()
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(self, request_id: str, prompt_token_ids: list[int], params: Any, sink: RequestSink) -> None:
+        self._inbox.put(_Add(request_id, list(prompt_token_ids), params, sink))
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(_Abort(request_id))
+
+    def call(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future:
+        """Run `fn(engine)` on the engine thread between two steps."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        if not self.alive:
+            future.set_exception(RuntimeError("the engine loop is not running"))
+            return future
+        self._inbox.put(_Call(fn, future))
+        return future
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Abort whatever is still in the engine, then end the thread."""
+        self._stop.set()
+        self._inbox.put(None)
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    # ---- engine thread ----
+    def _run(self) -> None:
+        log.info("engine loop started")
+        while not self._stop.is_set():
+            busy = self._has_work()
+            self._drain(block=not busy)
+            if self._stop.is_set():
+                break
+            if self._has_work():
+                self._step()
+        self._shutdown()
+        log.info("engine loop stopped after %d steps", self.steps)
+
+    def _has_work(self) -> bool:
+        try:
+            return bool(self.engine.has_unfinished_requests())
+        except Exception:
+            log.exception("engine.has_unfinished_requests() failed")
+            return False
+
+    def _drain(self, block: bool) -> None:
+        try:
+            command = self._inbox.get(timeout=IDLE_POLL_SECONDS) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while command is not None:
+            self._handle(command)
+            try:
+                command = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, command: _Add | _Abort | _Call) -> None:
+        if isinstance(command, _Add):
+            self._add(command)
+        elif isinstance(command, _Abort):
+            self._abort(command.request_id)
+        else:
+            self._run_call(command)
+
+    def _add(self, command: _Add) -> None:
+        try:
+            self.engine.add_request(command.request_id, command.prompt_token_ids, command.params)
+        except Exception as exc:
+            log.warning("request %s was not accepted by the engine: %r", command.request_id, exc)
+            _safe(command.sink.failed, exc)
+            return
+        self._sinks[command.request_id] = command.sink
+        _safe(command.sink.accepted)
+
+    def _abort(self, request_id: str) -> None:
+        sink = self._sinks.pop(request_id, None)
+        if sink is None:
+            return
+        try:
+            self.engine.abort_request(request_id)
+        except Exception:
+            log.exception("engine.abort_request(%s) failed", request_id)
+
+    def _run_call(self, command: _Call) -> None:
+        if not command.future.set_running_or_notify_cancel():
+            return
+        try:
+            command.future.set_result(command.fn(self.engine))
+        except Exception as exc:
+            command.future.set_exception(exc)
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:
+            self.step_failures += 1
+            log.exception("engine.step() failed; failing the %d requests inside it", len(self._sinks))
+            for request_id, sink in list(self._sinks.items()):
+                self._abort(request_id)
+                _safe(sink.failed, exc)
+            return
+        self.steps += 1
+        for output in outputs:
+            sink = self._sinks.get(output.request_id)
+            if sink is None:
+                continue  # aborted meanwhile, or the warm-up's own request
+            if output.finished:
+                self._sinks.pop(output.request_id, None)
+            try:
+                sink.output(output)
+            except Exception as exc:
+                log.exception("delivering output of %s failed", output.request_id)
+                if not output.finished:
+                    self._abort(output.request_id)
+                _safe(sink.failed, exc)
+
+    def _shutdown(self) -> None:
+        error = RuntimeError("the server is shutting down; the request was aborted")
+        for request_id, sink in list(self._sinks.items()):
+            self._abort(request_id)
+            _safe(sink.failed, error)
+        while True:
+            try:
+                command = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(command, _Add):
+                _safe(command.sink.failed, error)
+            elif isinstance(command, _Call):
+                command.future.set_exception(error)
+
+
+def _safe(fn: Callable[..., Any], *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception:
+        log.exception("request sink callback failed")

@@ -1,0 +1,134 @@
+"""One request inside the engine, seen from asyncio: its text arrives as a stream of deltas."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from kvpilot.engine.server.detokenizer import Decoder, IncrementalText
+from kvpilot.engine.server.engine_loop import EngineLoop
+
+log = logging.getLogger("kvpilot.server")
+
+
+class EngineFailure(Exception):
+    """The engine failed this request (it was rejected, or the step running it raised)."""
+
+    def __init__(self, request_id: str, cause: BaseException) -> None:
+        super().__init__(f"request {request_id} failed inside the engine: {type(cause).__name__}: {cause}")
+        self.cause = cause
+
+
+@dataclass
+class TextDelta:
+    text: str
+    finish_reason: str | None  # set on the last delta only
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+_FAILED = object()
+
+
+class Generation:
+    """Submits one request to the engine loop and turns its outputs into text deltas.
+
+    Implements the loop's RequestSink: the engine thread calls accepted/output/failed, which
+    only hand the event to the asyncio loop.
+    """
+
+    def __init__(
+        self,
+        engine_loop: EngineLoop,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: Any,
+        tokenizer: Decoder,
+        stop: list[str],
+    ) -> None:
+        self.request_id = request_id
+        self._engine_loop = engine_loop
+        self._prompt_token_ids = prompt_token_ids
+        self._params = params
+        self._aio = asyncio.get_running_loop()
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._accepted: asyncio.Future = self._aio.create_future()
+        self._text = IncrementalText(tokenizer, stop)
+        self.finished = False
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_cached_tokens = 0
+
+    # ---- RequestSink (engine thread) ----
+    def accepted(self) -> None:
+        self._to_aio(self._set_accepted, None)
+
+    def output(self, output: Any) -> None:
+        self._to_aio(self._queue.put_nowait, output)
+
+    def failed(self, error: BaseException) -> None:
+        self._to_aio(self._set_accepted, error)
+        self._to_aio(self._queue.put_nowait, (_FAILED, error))
+
+    def _to_aio(self, fn: Any, arg: Any) -> None:
+        # RuntimeError: the event loop is closed, so nobody is waiting any more.
+        with contextlib.suppress(RuntimeError):
+            self._aio.call_soon_threadsafe(fn, arg)
+
+    def _set_accepted(self, error: BaseException | None) -> None:
+        if self._accepted.done():
+            return
+        if error is None:
+            self._accepted.set_result(None)
+        else:
+            self._accepted.set_exception(EngineFailure(self.request_id, error))
+
+    # ---- asyncio side ----
+    async def start(self) -> None:
+        """Hand the request to the engine; raises EngineFailure if the engine refuses it."""
+        self._engine_loop.submit(self.request_id, self._prompt_token_ids, self._params, self)
+        await self._accepted
+
+    def abort(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self._engine_loop.abort(self.request_id)
+
+    async def deltas(self) -> AsyncIterator[TextDelta]:
+        """Text deltas until the request finishes; the last one carries the finish reason."""
+        while not self.finished:
+            item = await self._queue.get()
+            if isinstance(item, tuple) and item and item[0] is _FAILED:
+                self.finished = True
+                raise EngineFailure(self.request_id, item[1])
+            delta = self._consume(item)
+            if delta is not None:
+                yield delta
+
+    def _consume(self, output: Any) -> TextDelta | None:
+        self.num_prompt_tokens = output.num_prompt_tokens or self.num_prompt_tokens
+        self.num_cached_tokens = output.num_cached_tokens or 0
+        text = self._text.add(list(output.new_token_ids))
+        finish_reason = output.finish_reason if output.finished else None
+        if self._text.stopped and not output.finished:
+            # A stop string ended the text before the engine saw it: stop generating now.
+            self.abort()
+            finish_reason = "stop"
+        elif output.finished:
+            self.finished = True
+            text += self._text.finish()
+            if self._text.stopped:
+                finish_reason = "stop"
+        if not text and finish_reason is None:
+            return None
+        return TextDelta(
+            text=text,
+            finish_reason=finish_reason,
+            prompt_tokens=self.num_prompt_tokens,
+            completion_tokens=len(self._text.token_ids),
+            cached_tokens=self.num_cached_tokens,
+        )

@@ -1,0 +1,110 @@
+"""OpenAI-compatible request bodies (pydantic): what the API accepts, and its limits."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Sampling ranges accepted by the API. The engine's own SamplingParams checks its invariants too.
+MAX_TEMPERATURE = 2.0
+MAX_STOP_SEQUENCES = 4
+SEED_LIMIT = 2**63
+
+
+class _Body(BaseModel):
+    # Unknown fields are ignored, as OpenAI-compatible servers do, so newer clients keep working.
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class TextContentPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextContentPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+StopField = Annotated[
+    str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_SEQUENCES)] | None,
+    Field(description=f"Up to {MAX_STOP_SEQUENCES} sequences where generation stops (not returned)."),
+]
+
+
+class SamplingFields(_Body):
+    """Fields shared by chat and text completions."""
+
+    model: str = Field(description="The served model's name, as listed by GET /v1/models.")
+    max_tokens: int | None = Field(default=None, ge=1, description="Tokens to generate at most.")
+    temperature: float | None = Field(default=None, ge=0.0, le=MAX_TEMPERATURE)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1, description="Extension: -1 or 0 disables.")
+    seed: int | None = Field(default=None, ge=0, lt=SEED_LIMIT)
+    stop: StopField = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int | None = Field(default=None, ge=1, le=128, description="Only n=1 is supported.")
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    ignore_eos: bool = Field(default=False, description="Extension: keep generating past EOS.")
+    user: str | None = None
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        if isinstance(self.stop, str):
+            return [self.stop] if self.stop else []
+        return list(self.stop)
+
+    def include_usage_in_stream(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+PromptField = (
+    str
+    | TokenIds
+    | Annotated[list[str], Field(min_length=1)]
+    | Annotated[list[TokenIds], Field(min_length=1)]
+)
+
+
+class CompletionRequest(SamplingFields):
+    prompt: PromptField = Field(description="A string or a list of token ids (one prompt per request).")
+    echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    suffix: str | None = None
+    best_of: int | None = Field(default=None, ge=1, le=128)
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+
+class ScoreRequest(_Body):
+    model: str
+    prompt: str = Field(min_length=1, description="Conditioning text; tokenized as given.")
+    continuation: str = Field(min_length=1, description="Text whose tokens are scored after the prompt.")

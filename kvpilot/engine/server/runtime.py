@@ -1,0 +1,185 @@
+"""The server's view of the engine: load it off the event loop, warm it up, then serve through
+the engine loop. Routes ask the runtime for readiness, admission and the stats feed."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kvpilot.engine.server.admission import Admission, not_ready_error
+from kvpilot.engine.server.engine_loop import EngineLoop
+from kvpilot.engine.server.errors import APIError
+from kvpilot.engine.server.idempotency import IdempotencyStore
+
+log = logging.getLogger("kvpilot.server")
+
+STATS_TIMEOUT_SECONDS = 5.0
+
+
+@dataclass
+class ServerSettings:
+    """What the HTTP layer needs to know besides the engine itself."""
+
+    model_name: str
+    strategy: str
+    max_queue: int = 256
+    default_completion_max_tokens: int = 16  # /v1/completions default, as OpenAI's
+    idempotency_ttl_seconds: float = 600.0
+    idempotency_max_keys: int = 10_000
+    warmup: bool = True
+
+
+class ServerRuntime:
+    """Owns the engine's life: loading -> warming_up -> ready -> stopping (or failed)."""
+
+    def __init__(
+        self,
+        settings: ServerSettings,
+        engine_factory: Callable[[], Any],
+        warm_up: Callable[[Any], Any] | None = None,
+        on_ready: Callable[[Any], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.state = "starting"
+        self.failure: str | None = None
+        self.engine: Any = None
+        self.loop: EngineLoop | None = None
+        self.admission: Admission | None = None
+        self.idempotency = IdempotencyStore(settings.idempotency_ttl_seconds, settings.idempotency_max_keys)
+        self.created = int(time.time())
+        self.warmup_seconds: float | None = None
+        self._factory = engine_factory
+        self._warm_up = warm_up
+        self._on_ready = on_ready
+        self._last_stats: dict[str, Any] | None = None
+        self._loader: threading.Thread | None = None
+        self.on_failure: Callable[[str], None] | None = None
+
+    # ---- life cycle ----
+    def start_loading(self) -> None:
+        self.state = "loading"
+        self._loader = threading.Thread(target=self._load, name="kvpilot-engine-load", daemon=True)
+        self._loader.start()
+
+    def _load(self) -> None:
+        try:
+            engine = self._factory()
+            self.engine = engine
+            if self._warm_up is not None and self.settings.warmup:
+                self.state = "warming_up"
+                started = time.monotonic()
+                self._warm_up(engine)
+                self.warmup_seconds = time.monotonic() - started
+                _reset_engine_counters(engine)
+            self.admission = Admission(
+                max_model_len=engine_max_model_len(engine),
+                max_num_seqs=int(engine.config.max_num_seqs),
+                max_queue=self.settings.max_queue,
+                record_rejection=self.record_rejection,
+            )
+            if self._on_ready is not None:
+                self._on_ready(engine)  # before the loop starts: the engine is still this thread's
+            self.loop = EngineLoop(engine).start()
+            if self.state == "stopping":
+                self.loop.stop()
+                return
+            self.state = "ready"
+            log.info("engine ready (warm-up %.2f s)", self.warmup_seconds or 0.0)
+        except Exception as exc:
+            log.exception("the engine failed to start")
+            self.failure = f"{type(exc).__name__}: {exc}"
+            self.state = "failed"
+            if self.on_failure is not None:
+                self.on_failure(self.failure)
+
+    def wait_loaded(self, timeout: float | None = None) -> bool:
+        if self._loader is not None:
+            self._loader.join(timeout)
+        return self.state == "ready"
+
+    def begin_drain(self) -> None:
+        """Refuse new requests (503, /ready false); the engine loop keeps running the in-flight ones."""
+        self.state = "stopping"
+
+    def shutdown(self) -> None:
+        self.state = "stopping"
+        if self.loop is not None:
+            self.loop.stop()
+
+    # ---- used by routes ----
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready" and self.loop is not None and self.loop.alive
+
+    def require_ready(self) -> tuple[EngineLoop, Admission]:
+        if not self.ready or self.loop is None or self.admission is None:
+            raise not_ready_error(self.readiness_detail())
+        return self.loop, self.admission
+
+    def readiness_detail(self) -> str:
+        if self.state == "failed":
+            return f"it failed to start ({self.failure})"
+        if self.state == "ready" and self.loop is not None and not self.loop.alive:
+            return "the engine loop has stopped"
+        return {
+            "starting": "the server is starting",
+            "loading": "the model weights are loading",
+            "warming_up": "the engine is warming up",
+            "stopping": "the server is shutting down",
+        }.get(self.state, "ready")
+
+    @staticmethod
+    def created_now() -> int:
+        return int(time.time())
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def check_model(self, model: str) -> None:
+        if model != self.settings.model_name:
+            raise APIError(
+                404,
+                f"the model {model!r} does not exist here; this server serves {self.settings.model_name!r} "
+                "(see GET /v1/models)",
+                param="model",
+                code="model_not_found",
+            )
+
+    def record_rejection(self, reason: str) -> None:
+        """Count a rejection in the engine's feed, on the engine thread (the engine is not thread-safe)."""
+        if self.loop is not None and self.loop.alive:
+            self.loop.call(lambda engine: engine.record_rejection(reason))
+        elif self.engine is not None and self.state in ("loading", "warming_up", "failed"):
+            pass  # the engine thread does not run yet; nothing is counted before it serves
+
+    async def stats(self) -> dict[str, Any] | None:
+        """The engine's stats feed, taken on the engine thread between two steps."""
+        if self.loop is None or not self.loop.alive:
+            return None
+        future = self.loop.call(lambda engine: engine.stats())
+        try:
+            snapshot = await asyncio.wait_for(asyncio.wrap_future(future), STATS_TIMEOUT_SECONDS)
+        except TimeoutError:
+            return self._last_stats
+        self._last_stats = snapshot
+        return snapshot
+
+
+def engine_max_model_len(engine: Any) -> int:
+    """The context limit the engine enforces (its config may leave it to config.json)."""
+    return int(getattr(engine, "max_model_len", None) or engine.config.max_model_len)
+
+
+def _reset_engine_counters(engine: Any) -> None:
+    # Warm-up requests are not traffic: their compile-time latencies must not reach the feed the
+    # rollout gates read. A fresh EngineStats also gets a new instance_id, which the sidecar
+    # treats as counters starting again.
+    state = getattr(engine, "stats_state", None)
+    if state is not None:
+        engine.stats_state = type(state)()

@@ -1,0 +1,67 @@
+"""POST /v1/score: log-probabilities of a continuation's tokens given a prompt."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+from kvpilot.engine.server.errors import APIError
+from kvpilot.engine.server.protocol import ScoreRequest
+from kvpilot.engine.server.responses import ScoreResponse
+from kvpilot.engine.server.runtime import ServerRuntime
+
+SCORE_TIMEOUT_SECONDS = 120.0
+
+
+def continuation_ids(tokenizer: Any, text: str) -> list[int]:
+    """The continuation's own tokens: no BOS, since it follows the prompt."""
+    ids = list(tokenizer.encode(text))
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is not None and ids and ids[0] == bos:
+        ids = ids[1:]
+    return ids
+
+
+async def score(runtime: ServerRuntime, req: ScoreRequest) -> ScoreResponse:
+    engine_loop, admission = runtime.require_ready()
+    runtime.check_model(req.model)
+    tokenizer = runtime.tokenizer
+    prompt_ids = list(tokenizer.encode(req.prompt))
+    cont_ids = continuation_ids(tokenizer, req.continuation)
+    if not cont_ids:
+        runtime.record_rejection("invalid")
+        raise APIError(
+            400, "the continuation encodes to no tokens; send some text to score", param="continuation"
+        )
+    total = len(prompt_ids) + len(cont_ids)
+    if total > admission.max_model_len:
+        runtime.record_rejection("too_long")
+        raise APIError(
+            400,
+            f"the prompt has {len(prompt_ids)} tokens and the continuation {len(cont_ids)}: {total} tokens "
+            f"exceed this model's maximum context length of {admission.max_model_len} tokens",
+            param="continuation",
+            code="context_length_exceeded",
+        )
+    future = engine_loop.call(lambda engine: engine.score(prompt_ids, cont_ids))
+    try:
+        logprobs = await asyncio.wait_for(asyncio.wrap_future(future), SCORE_TIMEOUT_SECONDS)
+    except TimeoutError as exc:
+        future.cancel()
+        raise APIError(503, "scoring timed out: the engine is busy; retry", code="timeout") from exc
+    except Exception as exc:
+        runtime.record_rejection("internal_error")
+        raise APIError(500, f"internal error while scoring: {type(exc).__name__}: {exc}") from exc
+    values = [float(v) for v in logprobs]
+    if len(values) != len(cont_ids) or not all(math.isfinite(v) for v in values):
+        runtime.record_rejection("internal_error")
+        raise APIError(500, f"the engine returned {len(values)} log-probabilities for {len(cont_ids)} tokens")
+    return ScoreResponse(
+        model=runtime.settings.model_name,
+        prompt_tokens=len(prompt_ids),
+        continuation_tokens=[tokenizer.decode([t]) for t in cont_ids],
+        continuation_token_ids=cont_ids,
+        token_logprobs=values,
+        sum_logprob=math.fsum(values),
+    )
