@@ -1,0 +1,93 @@
+"""The Deployment of one track: the engine, its metrics sidecar, GPUs, probes, shared memory."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvpilot.operator import constants as c
+from kvpilot.operator.builders.common import deployment_name, labels, metadata
+from kvpilot.operator.builders.engine_args import engine_args, pvc_claim
+from kvpilot.operator.spec import ServiceSpec
+from kvpilot.planner import CapacityPlan
+
+STARTUP_PROBE_SECONDS = 1800  # weights load + warm-up + Triton autotuning before /health answers
+
+
+def build_deployment(owner: Mapping[str, Any], spec: ServiceSpec, plan: CapacityPlan,
+                     track: str = "stable") -> dict[str, Any]:
+    """`<name>-<track>`: surge one pod at a time so serving capacity never drops during a rollout."""
+    name = owner["metadata"]["name"]
+    pod_labels = {**labels(name, "engine", track), c.LABEL_STRATEGY: plan.strategy}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(owner, deployment_name(name, track), "engine", track),
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": {c.LABEL_SERVICE: name, c.LABEL_TRACK: track}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {
+                "metadata": {
+                    "labels": pod_labels,
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(c.METRICS_PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": _pod_spec(spec, plan),
+            },
+        },
+    }
+
+
+def _pod_spec(spec: ServiceSpec, plan: CapacityPlan) -> dict[str, Any]:
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}]
+    claim = pvc_claim(spec.model.uri)
+    if claim:
+        volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+    return {
+        "nodeSelector": {c.GPU_PRODUCT_LABEL: spec.gpu_product},
+        "tolerations": [{"key": c.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        # the engine stops admitting on SIGTERM and finishes its streams within this window
+        "terminationGracePeriodSeconds": spec.engine.termination_grace_period_seconds,
+        "containers": [_engine(spec, plan, with_model_volume=bool(claim)), _sidecar(spec)],
+        "volumes": volumes,
+    }
+
+
+def _engine(spec: ServiceSpec, plan: CapacityPlan, with_model_volume: bool) -> dict[str, Any]:
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    if with_model_volume:
+        mounts.append({"name": "model", "mountPath": c.MODEL_MOUNT, "readOnly": True})
+    gpus = {c.GPU_RESOURCE: str(spec.gpus)}
+    return {
+        "name": "engine",
+        "image": spec.engine.image,
+        "command": ["kvpilot", "serve"],
+        "args": engine_args(spec, plan),
+        "ports": [{"name": "http", "containerPort": c.ENGINE_PORT, "protocol": "TCP"}],
+        "resources": {"requests": dict(gpus), "limits": dict(gpus)},
+        "startupProbe": _http_probe("/health", c.ENGINE_PORT, period=10, failures=STARTUP_PROBE_SECONDS // 10),
+        "readinessProbe": _http_probe("/ready", c.ENGINE_PORT, period=5, failures=3),
+        "livenessProbe": _http_probe("/health", c.ENGINE_PORT, period=10, failures=3),
+        "volumeMounts": mounts,
+    }
+
+
+def _sidecar(spec: ServiceSpec) -> dict[str, Any]:
+    return {
+        "name": "sidecar",
+        "image": spec.engine.image,
+        "command": ["kvpilot", "sidecar"],
+        "args": ["--engine-url", f"http://127.0.0.1:{c.STATS_PORT}", "--port", str(c.METRICS_PORT)],
+        "ports": [{"name": "metrics", "containerPort": c.METRICS_PORT, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+        "readinessProbe": _http_probe("/metrics", c.METRICS_PORT, period=10, failures=3),
+    }
+
+
+def _http_probe(path: str, port: int, period: int, failures: int) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": port}, "periodSeconds": period, "failureThreshold": failures,
+            "timeoutSeconds": 5}

@@ -1,0 +1,33 @@
+"""Services: the engine API (stable track) and the sidecars' metrics (every track)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvpilot.operator import constants as c
+from kvpilot.operator.builders.common import metadata, metrics_service_name
+
+
+def build_api_service(owner: Mapping[str, Any]) -> dict[str, Any]:
+    """`<name>`: OpenAI-compatible API on port 8000 of the stable pods."""
+    name = owner["metadata"]["name"]
+    return _service(owner, name, "api", {c.LABEL_SERVICE: name, c.LABEL_TRACK: "stable"},
+                    {"name": "http", "port": c.ENGINE_PORT, "targetPort": "http", "protocol": "TCP"})
+
+
+def build_metrics_service(owner: Mapping[str, Any]) -> dict[str, Any]:
+    """`<name>-metrics`: the sidecars' /metrics on port 9400 of every track's pods."""
+    name = owner["metadata"]["name"]
+    return _service(owner, metrics_service_name(name), "metrics", {c.LABEL_SERVICE: name},
+                    {"name": "metrics", "port": c.METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"})
+
+
+def _service(owner: Mapping[str, Any], name: str, component: str, selector: dict[str, str],
+             port: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(owner, name, component),
+        "spec": {"type": "ClusterIP", "selector": selector, "ports": [port]},
+    }

@@ -1,0 +1,25 @@
+"""create / update / resume -> reconcile. Deletion relies on owner references (no finalizer)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from kvpilot.operator import constants as c
+from kvpilot.operator.handlers.context import context_for
+from kvpilot.operator.reconciler import InvalidSpec, RetryLater, reconcile
+
+
+@kopf.on.resume(c.GROUP, c.VERSION, c.PLURAL)
+@kopf.on.create(c.GROUP, c.VERSION, c.PLURAL)
+@kopf.on.update(c.GROUP, c.VERSION, c.PLURAL, field="spec")
+def reconcile_service(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+    try:
+        plan = reconcile(context_for(body), body)
+    except RetryLater as exc:
+        raise kopf.TemporaryError(str(exc), delay=exc.delay) from None
+    except InvalidSpec as exc:
+        raise kopf.PermanentError(str(exc)) from None
+    logger.info("reconciled: %s", plan.reason)

@@ -1,0 +1,111 @@
+"""A small Kubernetes REST client: GET, server-side apply, status merge-patch; counts its requests."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from kvpilot.operator import constants as c
+
+# Kinds this operator writes, and their plural resource names.
+PLURALS = {"ConfigMap": "configmaps", "Deployment": "deployments", "Service": "services",
+           "PodMonitor": "podmonitors", c.KIND: c.PLURAL}
+
+
+class KubeError(RuntimeError):
+    """The API server answered with an error status."""
+
+    def __init__(self, method: str, path: str, status: int, body: str) -> None:
+        super().__init__(f"{method} {path} -> HTTP {status}: {body[:400]}")
+        self.status = status
+
+
+def object_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
+    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    path = f"{base}/namespaces/{namespace}/{PLURALS[kind]}"
+    return f"{path}/{name}" if name else path
+
+
+class Kube:
+    """One connection pool to the API server, shared by all handler threads."""
+
+    def __init__(self, server: str, *, verify: Any, cert: tuple[str, str] | None, token: str | None) -> None:
+        headers = {"Accept": "application/json"}
+        if token:
+            headers["Authorization"] = token if token.startswith("Bearer ") else f"Bearer {token}"
+        self._http = httpx.Client(base_url=server, verify=verify, cert=cert, headers=headers, timeout=30.0)
+        self._lock = threading.Lock()
+        self.requests: Counter[str] = Counter()
+
+    @classmethod
+    def from_environment(cls) -> Kube:
+        """In-cluster service account, else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
+        from kubernetes import client, config
+
+        cfg = client.Configuration()
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=cfg)
+        verify: Any = (cfg.ssl_ca_cert or True) if cfg.verify_ssl else False
+        cert = (cfg.cert_file, cfg.key_file) if cfg.cert_file else None
+        token = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
+        return cls(cfg.host, verify=verify, cert=cert, token=token)
+
+    def request(self, method: str, path: str, *, body: Any = None, params: Mapping[str, str] | None = None,
+                content_type: str = "application/json") -> dict[str, Any]:
+        with self._lock:
+            self.requests[method] += 1
+        data = None if body is None else json.dumps(body)
+        response = self._http.request(method, path, content=data, params=params,
+                                      headers={"Content-Type": content_type})
+        if response.status_code >= 400:
+            raise KubeError(method, path, response.status_code, response.text)
+        return response.json() if response.content else {}
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        """The object, or None when it does not exist."""
+        try:
+            return self.request("GET", path)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply as field manager `kvpilot`, forcing ownership of the fields we set.
+
+        An apply that changes nothing is a no-op on the server: no write, same resourceVersion.
+        """
+        meta = obj["metadata"]
+        path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        return self.request("PATCH", path, body=obj, params={"fieldManager": c.FIELD_MANAGER, "force": "true"},
+                            content_type="application/apply-patch+yaml")
+
+    def merge_patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        path = object_path(c.API_VERSION, c.KIND, namespace, name) + "/status"
+        return self.request("PATCH", path, body=patch, content_type="application/merge-patch+json")
+
+    def crd_exists(self, name: str) -> bool:
+        return self.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") is not None
+
+    def close(self) -> None:
+        self._http.close()
+
+
+_shared: Kube | None = None
+_shared_lock = threading.Lock()
+
+
+def shared() -> Kube:
+    """The process-wide client, created on first use."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = Kube.from_environment()
+        return _shared

@@ -1,0 +1,148 @@
+"""One reconcile of an InferenceService: preflight, then children by server-side apply, then status.
+
+Kopf-free so tests can drive it with a fake client; handlers translate its exceptions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvpilot.operator import constants as c
+from kvpilot.operator.builders import (
+    build_api_service,
+    build_deployment,
+    build_lineage_configmap,
+    build_metrics_service,
+    build_podmonitor,
+)
+from kvpilot.operator.builders.common import lineage_name
+from kvpilot.operator.builders.engine_args import UnsupportedModelUri, model_path
+from kvpilot.operator.conditions import CAPACITY_PLANNED, MONITORING, Condition, get_condition
+from kvpilot.operator.kube import Kube, object_path
+from kvpilot.operator.model_config import ModelConfigUnavailable, load_model_config
+from kvpilot.operator.preflight import preflight
+from kvpilot.operator.rollout_state import rollout_state
+from kvpilot.operator.spec import ServiceSpec
+from kvpilot.operator.status import with_conditions, with_failure, with_plan, with_rollout
+from kvpilot.operator.status_writer import write_status
+from kvpilot.planner import CapacityPlan, PlannerError, human_bytes
+
+Emit = Callable[[str, str, str], None]  # (Normal|Warning, reason, message)
+
+
+class RetryLater(RuntimeError):
+    """Something may appear later (a ConfigMap): try again after `delay` seconds."""
+
+    def __init__(self, message: str, delay: float = 30.0) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+class InvalidSpec(ValueError):
+    """The spec cannot be planned; only an edit fixes it."""
+
+
+@dataclass(frozen=True)
+class Context:
+    """What one reconcile needs from outside: the API, an event sink and a clock."""
+
+    kube: Kube
+    emit: Emit
+    now: Callable[[], str]
+
+
+def reconcile(ctx: Context, body: Mapping[str, Any]) -> CapacityPlan:
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    spec = ServiceSpec.from_dict(body.get("spec") or {})
+    try:
+        plan = _plan(ctx, namespace, spec)
+    except ModelConfigUnavailable as exc:
+        _fail(ctx, body, "ModelConfigUnavailable", str(exc), phase="Pending")
+        raise RetryLater(str(exc)) from None
+    except (PlannerError, UnsupportedModelUri) as exc:
+        _fail(ctx, body, "InvalidSpec", str(exc), phase="Failed")
+        raise InvalidSpec(str(exc)) from None
+    if not plan.feasible:
+        _record_plan(ctx, body, spec, plan)
+        return plan
+    live_lineage = ctx.kube.get(object_path("v1", "ConfigMap", namespace, lineage_name(name)))
+    ctx.kube.apply(build_lineage_configmap(body, spec, plan, live_lineage))
+    deployment = ctx.kube.apply(build_deployment(body, spec, plan))
+    ctx.kube.apply(build_api_service(body))
+    ctx.kube.apply(build_metrics_service(body))
+    monitoring = _monitoring(ctx, body)
+    _record_plan(ctx, body, spec, plan, deployment=deployment, monitoring=monitoring)
+    return plan
+
+
+def _plan(ctx: Context, namespace: str, spec: ServiceSpec) -> CapacityPlan:
+    model_path(spec.model.uri)
+    return preflight(spec, load_model_config(ctx.kube, namespace, spec.model))
+
+
+def _monitoring(ctx: Context, body: Mapping[str, Any]) -> Condition:
+    if ctx.kube.crd_exists(c.PODMONITOR_CRD):
+        ctx.kube.apply(build_podmonitor(body))
+        return Condition(MONITORING, "True", "PodMonitorApplied", f"PodMonitor {body['metadata']['name']} scrapes :9400")
+    return Condition(MONITORING, "False", "PrometheusOperatorMissing",
+                     f"{c.PODMONITOR_CRD} is not installed: no PodMonitor; pods carry prometheus.io/scrape "
+                     "annotations for annotation-based scraping")
+
+
+def _record_plan(ctx: Context, body: Mapping[str, Any], spec: ServiceSpec, plan: CapacityPlan,
+                 deployment: dict[str, Any] | None = None, monitoring: Condition | None = None) -> None:
+    meta = body["metadata"]
+    generation, now = meta.get("generation"), ctx.now()
+
+    def update(_live: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
+        new = with_plan(old, spec, plan, now=now, generation=generation)
+        if monitoring is not None:
+            new = with_conditions(new, [monitoring], now=now, generation=generation)
+        if deployment is not None:
+            new = with_rollout(new, rollout_state(deployment), now=now)
+            new["stable"] = {**new["stable"], "deployment": deployment["metadata"]["name"],
+                             "deploymentGeneration": deployment["metadata"].get("generation")}
+        return new
+
+    result = write_status(ctx.kube, meta["namespace"], meta["name"], update, obj=dict(body))
+    if result is not None:
+        _announce(ctx, *result, plan=plan)
+
+
+def _announce(ctx: Context, old: dict[str, Any], new: dict[str, Any], plan: CapacityPlan) -> None:
+    """One Event per decision that changed something; a no-op resync says nothing."""
+    before = get_condition(old.get("conditions"), CAPACITY_PLANNED) or {}
+    after = get_condition(new.get("conditions"), CAPACITY_PLANNED) or {}
+    if (before.get("status"), before.get("message")) != (after.get("status"), after.get("message")):
+        if plan.feasible:
+            ctx.emit("Normal", "CapacityPlanned",
+                     f"{plan.strategy} on {plan.gpus} x {plan.gpu_product}: {human_bytes(plan.bytes_per_token)}/token, "
+                     f"KV pool {human_bytes(plan.kv_pool_bytes)}, max concurrency {plan.max_concurrency} "
+                     f"at max_seq_len {plan.max_seq_len}")
+        else:
+            ctx.emit("Warning", "CapacityInfeasible", f"{plan.reason}; no pods were scheduled")
+    old_gen = (old.get("stable") or {}).get("deploymentGeneration")
+    new_gen = (new.get("stable") or {}).get("deploymentGeneration")
+    if new_gen is not None and new_gen != old_gen:
+        verb = "Created" if old_gen is None else "Updated"
+        ctx.emit("Normal", "RolloutStarted",
+                 f"{verb} Deployment {new['stable']['deployment']} (generation {new_gen}) for {plan.strategy}")
+    old_mon = get_condition(old.get("conditions"), MONITORING) or {}
+    new_mon = get_condition(new.get("conditions"), MONITORING) or {}
+    if new_mon and old_mon.get("reason") != new_mon.get("reason"):
+        ctx.emit("Normal" if new_mon["status"] == "True" else "Warning", new_mon["reason"], new_mon["message"])
+
+
+def _fail(ctx: Context, body: Mapping[str, Any], reason: str, message: str, phase: str) -> None:
+    meta = body["metadata"]
+    now = ctx.now()
+
+    def update(_live: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
+        return with_failure(old, reason, message, phase=phase, now=now, generation=meta.get("generation"))
+
+    result = write_status(ctx.kube, meta["namespace"], meta["name"], update, obj=dict(body))
+    if result is not None and result[0] != result[1]:
+        ctx.emit("Warning", reason, message)

@@ -1,0 +1,51 @@
+"""Follow an owned Deployment's status into its InferenceService's status (kopf-free)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvpilot.operator import constants as c
+from kvpilot.operator.conditions import DEGRADED, READY, get_condition
+from kvpilot.operator.reconciler import Context
+from kvpilot.operator.rollout_state import rollout_state
+from kvpilot.operator.status import with_rollout
+from kvpilot.operator.status_writer import write_status
+
+
+def owner_name(deployment: Mapping[str, Any]) -> str | None:
+    for ref in deployment["metadata"].get("ownerReferences") or ():
+        if ref.get("kind") == c.KIND and ref.get("apiVersion", "").startswith(f"{c.GROUP}/") and ref.get("controller"):
+            return str(ref["name"])
+    return None
+
+
+def follow_deployment(ctx: Context, deployment: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Update the owner's rollout conditions and replica counts; returns the owner when it changed."""
+    owner = owner_name(deployment)
+    if owner is None:
+        return None
+    name = deployment["metadata"]["name"]
+    now = ctx.now()
+    seen: dict[str, Any] = {}
+
+    def update(live: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
+        seen["live"] = live
+        if (old.get("stable") or {}).get("deployment") not in (None, name):
+            return old
+        return with_rollout(old, rollout_state(deployment), now=now)
+
+    result = write_status(ctx.kube, deployment["metadata"]["namespace"], owner, update)
+    if result is None or result[0] == result[1]:
+        return None
+    old, new = result
+    _announce(ctx, old, new)
+    return seen.get("live")
+
+
+def _announce(ctx: Context, old: dict[str, Any], new: dict[str, Any]) -> None:
+    for type_, when, kind in ((READY, "True", "Normal"), (DEGRADED, "True", "Warning")):
+        before = (get_condition(old.get("conditions"), type_) or {}).get("status")
+        after = get_condition(new.get("conditions"), type_) or {}
+        if after.get("status") == when and before != when:
+            ctx.emit(kind, type_, after.get("message", ""))

@@ -1,0 +1,109 @@
+"""Test doubles for the operator's unit tests: a sample InferenceService and an in-memory API."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from kvpilot.operator import constants as c
+from kvpilot.operator.kube import KubeError, object_path
+
+LLAMA3_8B = {
+    "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256, "torch_dtype": "bfloat16",
+}
+DEEPSEEK_V3 = {
+    "model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+    "num_attention_heads": 128, "num_key_value_heads": 128, "num_hidden_layers": 61, "n_routed_experts": 256,
+    "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3, "kv_lora_rank": 512,
+    "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "vocab_size": 129280, "torch_dtype": "bfloat16",
+}
+SHA = "ab" * 32
+
+
+def service(name: str = "chat", *, config: dict | None = None, **spec: Any) -> dict[str, Any]:
+    body = {
+        "apiVersion": c.API_VERSION, "kind": c.KIND,
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "generation": 1,
+                     "resourceVersion": "1"},
+        "spec": {
+            "model": {"uri": "pvc://models/llama-3-8b", "sha256": SHA, "config": config or LLAMA3_8B},
+            "strategy": {"attention": "gqa", "kvHeadGroups": 4, "kvCacheDtype": "int8", "maxSeqLen": 8192},
+            "resources": {"gpus": 1, "gpuProduct": "NVIDIA-H200"},
+            "replicas": 2,
+            "engine": {"image": "kvpilot:test", "disable": ["eviction"], "args": ["--log-level", "INFO"]},
+        },
+    }
+    body["spec"].update(spec)
+    return body
+
+
+class FakeKube:
+    """Objects by path; apply merges and bumps resourceVersion only when something changed."""
+
+    def __init__(self, crds: tuple[str, ...] = ()) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.crds = set(crds)
+        self.writes: list[str] = []
+        self.requests: list[tuple[str, str]] = []
+        self._rv = 100
+
+    def add(self, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        self.objects[object_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])] = copy.deepcopy(obj)
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        self.requests.append(("GET", path))
+        found = self.objects.get(path)
+        return copy.deepcopy(found) if found else None
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        self.requests.append(("APPLY", path))
+        live = self.objects.get(path)
+        desired = {k: v for k, v in copy.deepcopy(obj).items()}
+        if live is not None:
+            comparable = {k: v for k, v in live.items() if k != "status"}
+            comparable["metadata"] = {k: v for k, v in live["metadata"].items()
+                                      if k not in ("resourceVersion", "generation", "uid")}
+            if json.dumps(comparable, sort_keys=True) == json.dumps(desired, sort_keys=True):
+                return copy.deepcopy(live)
+        self._rv += 1
+        self.writes.append(path)
+        generation = (live or {}).get("metadata", {}).get("generation", 0) + 1
+        desired["metadata"] = {**desired["metadata"], "resourceVersion": str(self._rv), "generation": generation,
+                               "uid": f"uid-{meta['name']}"}
+        if live and "status" in live:
+            desired["status"] = live["status"]
+        self.objects[path] = desired
+        return copy.deepcopy(desired)
+
+    def merge_patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        path = object_path(c.API_VERSION, c.KIND, namespace, name)
+        self.requests.append(("PATCH", path + "/status"))
+        live = self.objects.get(path)
+        if live is None:
+            raise KubeError("PATCH", path, 404, "not found")
+        if patch["metadata"]["resourceVersion"] != live["metadata"]["resourceVersion"]:
+            raise KubeError("PATCH", path, 409, "conflict")
+        status = dict(live.get("status") or {})
+        for key, value in patch["status"].items():
+            if value is None:
+                status.pop(key, None)
+            else:
+                status[key] = copy.deepcopy(value)
+        self._rv += 1
+        live["status"] = status
+        live["metadata"]["resourceVersion"] = str(self._rv)
+        self.writes.append(path + "/status")
+        return copy.deepcopy(live)
+
+    def crd_exists(self, name: str) -> bool:
+        self.requests.append(("GET", f"crd/{name}"))
+        return name in self.crds
+
+    def find(self, kind: str, name: str, api_version: str = "v1") -> dict[str, Any] | None:
+        return self.objects.get(object_path(api_version, kind, "ns", name))

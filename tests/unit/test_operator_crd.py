@@ -1,0 +1,65 @@
+"""The CRD as a contract: names, enums, defaults and the fields the operator reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvpilot.operator import constants as c
+from kvpilot.operator.spec import ServiceSpec, StrategySpec
+from kvpilot.planner.dtypes import KV_CACHE_DTYPES
+from kvpilot.planner.strategy import ATTENTIONS
+
+pytestmark = pytest.mark.unit
+CRD = Path(__file__).parents[2] / "crds" / "inferenceservices.kvpilot.io.yaml"
+
+
+@pytest.fixture(scope="module")
+def crd() -> dict:
+    return yaml.safe_load(CRD.read_text())
+
+
+def schema(crd: dict) -> dict:
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def test_names_and_version(crd: dict) -> None:
+    assert crd["metadata"]["name"] == f"{c.PLURAL}.{c.GROUP}"
+    assert crd["spec"]["names"]["kind"] == c.KIND
+    assert "isvc" not in crd["spec"]["names"]["shortNames"]
+    (version,) = crd["spec"]["versions"]
+    assert version["name"] == c.VERSION and version["subresources"] == {"status": {}}
+    assert [col["name"] for col in version["additionalPrinterColumns"]] == ["Phase", "Strategy", "Canary %",
+                                                                             "Ready", "Age"]
+
+
+def test_enums_match_the_planner(crd: dict) -> None:
+    strategy = schema(crd)["properties"]["spec"]["properties"]["strategy"]["properties"]
+    assert tuple(strategy["attention"]["enum"]) == ATTENTIONS
+    assert tuple(strategy["kvCacheDtype"]["enum"]) == KV_CACHE_DTYPES
+    assert strategy["eviction"]["enum"] == ["none", "sinks", "ladder"]
+
+
+def test_every_strategy_field_maps_to_the_operator(crd: dict) -> None:
+    strategy = schema(crd)["properties"]["spec"]["properties"]["strategy"]["properties"]
+    parsed = ServiceSpec.from_dict({"model": {"uri": "/m"}, "strategy": {k: 1 for k in strategy}}).strategy
+    for field in StrategySpec.__dataclass_fields__:
+        assert getattr(parsed, field) == 1, field
+
+
+def test_defaults_agree_with_the_operator(crd: dict) -> None:
+    strategy = schema(crd)["properties"]["spec"]["properties"]["strategy"]["properties"]
+    default = StrategySpec()
+    assert strategy["attention"]["default"] == default.attention
+    assert strategy["kvCacheDtype"]["default"] == default.kv_cache_dtype
+    assert strategy["maxSeqLen"]["default"] == default.max_seq_len
+    assert strategy["blockSize"]["default"] == default.block_size
+    assert strategy["linearWindow"]["default"] == default.linear_window
+    assert strategy["maxNumBatchedTokens"]["default"] == default.max_num_batched_tokens
+
+
+def test_canary_strategy_has_no_defaults(crd: dict) -> None:
+    canary = schema(crd)["properties"]["spec"]["properties"]["canary"]["properties"]["strategy"]["properties"]
+    assert all("default" not in v for v in canary.values())

@@ -1,0 +1,145 @@
+"""One reconcile against an in-memory API: preflight, children, status, events, no-op resync."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from operator_fakes import DEEPSEEK_V3, FakeKube, service
+
+from kvpilot.operator import constants as c
+from kvpilot.operator.conditions import get_condition
+from kvpilot.operator.reconciler import Context, InvalidSpec, RetryLater, reconcile
+from kvpilot.operator.watcher import follow_deployment
+
+pytestmark = pytest.mark.unit
+
+
+class Run:
+    def __init__(self, kube: FakeKube) -> None:
+        self.kube, self.events = kube, []
+        self.ctx = Context(kube=kube, emit=lambda *e: self.events.append(e), now=lambda: "2026-01-01T00:00:00Z")
+
+    def reconcile(self, body: dict):  # type: ignore[no-untyped-def]
+        self.kube.add(body)
+        live = self.kube.get(f"/apis/{c.API_VERSION}/namespaces/ns/{c.PLURAL}/{body['metadata']['name']}")
+        return reconcile(self.ctx, live)
+
+    def status(self, name: str = "chat") -> dict:
+        return self.kube.find(c.KIND, name, c.API_VERSION)["status"]
+
+
+def test_feasible_service_gets_children_status_and_events() -> None:
+    run = Run(FakeKube())
+    plan = run.reconcile(service())
+    assert plan.feasible
+    for kind, name in (("ConfigMap", "chat-lineage"), ("Service", "chat"), ("Service", "chat-metrics")):
+        assert run.kube.find(kind, name) is not None
+    assert run.kube.find("Deployment", "chat-stable", "apps/v1") is not None
+    status = run.status()
+    assert status["phase"] == "Progressing" and status["ready"] == "0/2"
+    assert status["capacity"]["maxConcurrency"] == plan.max_concurrency
+    assert status["capacity"]["bytesPerToken"] == plan.bytes_per_token
+    assert status["observedGeneration"] == 1 and status["strategy"] == "gqa4-int8"
+    assert get_condition(status["conditions"], "CapacityPlanned")["status"] == "True"
+    monitoring = get_condition(status["conditions"], "Monitoring")
+    assert monitoring["status"] == "False" and monitoring["reason"] == "PrometheusOperatorMissing"
+    reasons = [e[1] for e in run.events]
+    assert reasons == ["CapacityPlanned", "RolloutStarted", "PrometheusOperatorMissing"]
+
+
+def test_resync_without_changes_writes_nothing_and_says_nothing() -> None:
+    run = Run(FakeKube())
+    run.reconcile(service())
+    body = run.kube.find(c.KIND, "chat", c.API_VERSION)
+    writes, events = len(run.kube.writes), len(run.events)
+    reconcile(run.ctx, copy.deepcopy(body))
+    assert run.kube.writes[writes:] == []
+    assert run.events[events:] == []
+
+
+def test_podmonitor_when_the_prometheus_operator_is_installed() -> None:
+    run = Run(FakeKube(crds=(c.PODMONITOR_CRD,)))
+    run.reconcile(service())
+    assert run.kube.find("PodMonitor", "chat", "monitoring.coreos.com/v1") is not None
+    assert get_condition(run.status()["conditions"], "Monitoring")["reason"] == "PodMonitorApplied"
+
+
+def test_oversized_model_is_infeasible_and_schedules_nothing() -> None:
+    run = Run(FakeKube())
+    body = service(config=DEEPSEEK_V3, strategy={"attention": "native", "maxSeqLen": 4096},
+                   resources={"gpus": 1, "gpuProduct": "NVIDIA-A10G"})
+    plan = run.reconcile(body)
+    assert not plan.feasible
+    assert run.kube.find("Deployment", "chat-stable", "apps/v1") is None
+    assert [p for p in run.kube.writes if "/status" not in p] == []
+    status = run.status()
+    assert status["phase"] == "Infeasible"
+    cond = get_condition(status["conditions"], "CapacityPlanned")
+    assert cond["status"] == "False" and cond["reason"] == "Infeasible"
+    assert "exceed 1 x NVIDIA-A10G" in cond["message"] and "GiB" in cond["message"]
+    assert run.events[0][:2] == ("Warning", "CapacityInfeasible")
+
+
+def test_strategy_change_updates_the_deployment_and_keeps_lineage() -> None:
+    run = Run(FakeKube())
+    run.reconcile(service())
+    body = run.kube.find(c.KIND, "chat", c.API_VERSION)
+    body["spec"]["strategy"] = {"attention": "native", "kvCacheDtype": "bf16", "maxSeqLen": 8192}
+    body["metadata"]["generation"] = 2
+    run.kube.add(body)
+    run.reconcile(body)
+    dep = run.kube.find("Deployment", "chat-stable", "apps/v1")
+    assert dep["metadata"]["generation"] == 2
+    assert "--kv-head-groups" not in dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    status = run.status()
+    assert status["strategy"] == "native-bf16" and status["observedGeneration"] == 2
+    assert [e[1] for e in run.events].count("RolloutStarted") == 2
+
+
+def test_missing_config_map_retries_and_says_which() -> None:
+    run = Run(FakeKube())
+    body = service(model={"uri": "/models/x", "configMapRef": {"name": "llama-config", "key": "config.json"}})
+    with pytest.raises(RetryLater, match="ConfigMap ns/llama-config"):
+        run.reconcile(body)
+    assert run.status()["phase"] == "Pending"
+    assert get_condition(run.status()["conditions"], "CapacityPlanned")["reason"] == "ModelConfigUnavailable"
+
+
+def test_config_map_config_is_used() -> None:
+    import json
+
+    from operator_fakes import LLAMA3_8B
+
+    kube = FakeKube()
+    kube.add({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "llama-config", "namespace": "ns"},
+              "data": {"config.json": json.dumps(LLAMA3_8B)}})
+    run = Run(kube)
+    plan = run.reconcile(service(model={"uri": "/models/x", "configMapRef": {"name": "llama-config"}}))
+    assert plan.feasible and plan.bytes_per_token > 0
+
+
+def test_unplannable_spec_is_a_permanent_failure_naming_the_field() -> None:
+    run = Run(FakeKube())
+    with pytest.raises(InvalidSpec, match="kv_head_groups 3 must divide the model's 8 KV heads"):
+        run.reconcile(service(strategy={"attention": "gqa", "kvHeadGroups": 3}))
+    assert run.status()["phase"] == "Failed"
+    with pytest.raises(InvalidSpec, match="not in the planner's table"):
+        run.reconcile(service(resources={"gpus": 1, "gpuProduct": "NVIDIA-B999"}))
+
+
+def test_deployment_status_flows_into_ready() -> None:
+    run = Run(FakeKube())
+    run.reconcile(service())
+    dep = run.kube.find("Deployment", "chat-stable", "apps/v1")
+    dep["status"] = {"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2,
+                     "availableReplicas": 2}
+    assert follow_deployment(run.ctx, dep) is not None
+    status = run.status()
+    assert status["phase"] == "Ready" and status["ready"] == "2/2" and status["readyReplicas"] == 2
+    assert get_condition(status["conditions"], "Ready")["status"] == "True"
+    assert get_condition(status["conditions"], "Progressing")["reason"] == "RolloutComplete"
+    assert run.events[-1][:2] == ("Normal", "Ready")
+    writes = len(run.kube.writes)
+    assert follow_deployment(run.ctx, dep) is None  # same status again: no write
+    assert len(run.kube.writes) == writes
