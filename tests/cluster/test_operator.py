@@ -1,0 +1,294 @@
+"""The operator on a real control plane with KWOK GPU nodes: kubectl in, children and pods out.
+
+One operator subprocess serves the module (its own namespace); each test uses its own
+InferenceService. The API server validates manifests against crds/, the controller-manager
+rolls Deployments and garbage-collects owned objects, KWOK runs the pods.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.harness.cluster import k8s_api_client, unique_namespace, wait_for
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+KUBECTL = "/usr/bin/kubectl"
+LLAMA3_8B = {
+    "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256, "torch_dtype": "bfloat16",
+}
+DEEPSEEK_V3 = {
+    "model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+    "num_attention_heads": 128, "num_key_value_heads": 128, "num_hidden_layers": 61, "n_routed_experts": 256,
+    "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3, "kv_lora_rank": 512,
+    "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "vocab_size": 129280, "torch_dtype": "bfloat16",
+}
+
+
+def manifest(name: str, namespace: str, config: dict = LLAMA3_8B, **spec: Any) -> dict[str, Any]:
+    body = {
+        "apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": {"uri": "pvc://models/llama-3-8b", "sha256": "ab" * 32, "config": config},
+            "strategy": {"attention": "gqa", "kvHeadGroups": 4, "kvCacheDtype": "bf16", "maxSeqLen": 8192},
+            "resources": {"gpus": 1, "gpuProduct": "NVIDIA-H200"},
+            "replicas": 2,
+            "engine": {"image": "kvpilot:test"},
+        },
+    }
+    body["spec"].update(spec)
+    return body
+
+
+class Kubectl:
+    def __init__(self, kubeconfig: Path) -> None:
+        self.kubeconfig = kubeconfig
+
+    def __call__(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        result = subprocess.run([KUBECTL, f"--kubeconfig={self.kubeconfig}", *args], input=stdin,
+                                capture_output=True, text=True, timeout=60)
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
+        return result
+
+    def apply(self, obj: dict[str, Any], check: bool = True) -> subprocess.CompletedProcess:
+        return self("apply", "-f", "-", stdin=yaml.safe_dump(obj), check=check)
+
+    def get(self, *args: str) -> dict[str, Any]:
+        return json.loads(self("get", *args, "-o", "json").stdout)
+
+
+class OperatorProcess:
+    """`kvpilot operator` as a child process; its log is kept for assertions and failures."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
+        self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        port = _free_port()
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        with self.log.open("a") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "kvpilot.cli", "operator", "--namespace", self.namespace, "--standalone",
+                 "--liveness", f"http://127.0.0.1:{port}/healthz"],
+                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+            )
+        wait_for(lambda: _http_ok(f"http://127.0.0.1:{port}/healthz") or self._died(), "operator liveness", 90)
+        assert self.proc.poll() is None, self.text()[-3000:]
+
+    def _died(self) -> bool:
+        return self.proc is not None and self.proc.poll() is not None
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def reconciled(self, name: str) -> int:
+        return len(re.findall(rf"\[{self.namespace}/{name}\] reconciled:", self.text()))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def env(k8s_cluster, tmp_path_factory):  # type: ignore[no-untyped-def]
+    from kubernetes import client
+
+    kubectl = Kubectl(k8s_cluster.kubeconfig)
+    kubectl("apply", "-f", str(REPO / "crds" / "inferenceservices.kvpilot.io.yaml"))
+    kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/inferenceservices.kvpilot.io")
+    api_client = k8s_api_client(k8s_cluster)
+    core = client.CoreV1Api(api_client)
+    namespace = unique_namespace(core, "op")
+    operator = OperatorProcess(k8s_cluster.kubeconfig, namespace, tmp_path_factory.mktemp("operator") / "operator.log")
+    operator.start()
+    try:
+        yield {"kubectl": kubectl, "ns": namespace, "core": core, "apps": client.AppsV1Api(api_client),
+               "custom": client.CustomObjectsApi(api_client), "operator": operator, "nodes": k8s_cluster.node_names}
+    finally:
+        operator.stop()
+        print("---- operator log (tail) ----\n" + operator.text()[-4000:])
+        core.delete_namespace(namespace)
+
+
+def service(env: dict, name: str) -> dict[str, Any]:
+    return env["custom"].get_namespaced_custom_object("kvpilot.io", "v1alpha1", env["ns"], "inferenceservices", name)
+
+
+def condition(obj: dict, type_: str) -> dict[str, Any]:
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == type_), {})
+
+
+def wait_phase(env: dict, name: str, phase: str, timeout_s: float = 90) -> dict[str, Any]:
+    wait_for(lambda: service(env, name).get("status", {}).get("phase") == phase, f"{name} phase {phase}", timeout_s)
+    return service(env, name)
+
+
+def pods(env: dict, name: str) -> list:
+    return env["core"].list_namespaced_pod(env["ns"], label_selector=f"kvpilot.io/service={name}").items
+
+
+def events(env: dict, name: str) -> list[tuple[str, str, str]]:
+    found = env["core"].list_namespaced_event(env["ns"], field_selector=f"involvedObject.name={name}").items
+    return [(e.type, e.reason, e.message) for e in found if e.involved_object.kind == "InferenceService"]
+
+
+def children_versions(env: dict, name: str) -> dict[str, str]:
+    ns, core, apps = env["ns"], env["core"], env["apps"]
+    selector = f"kvpilot.io/service={name}"
+    out = {f"deployment/{d.metadata.name}": d.metadata.resource_version
+           for d in apps.list_namespaced_deployment(ns, label_selector=selector).items}
+    out |= {f"replicaset/{r.metadata.name}": r.metadata.resource_version
+            for r in apps.list_namespaced_replica_set(ns, label_selector=selector).items}
+    out |= {f"service/{s.metadata.name}": s.metadata.resource_version
+            for s in core.list_namespaced_service(ns, label_selector=selector).items}
+    out |= {f"configmap/{c.metadata.name}": c.metadata.resource_version
+            for c in core.list_namespaced_config_map(ns, label_selector=selector).items}
+    out["inferenceservice"] = service(env, name)["metadata"]["resourceVersion"]
+    return out
+
+
+def test_apply_creates_children_and_pods_run_on_gpu_nodes(env) -> None:  # type: ignore[no-untyped-def]
+    env["kubectl"].apply(manifest("chat", env["ns"]))
+    obj = wait_phase(env, "chat", "Ready")
+    assert obj["status"]["ready"] == "2/2" and obj["status"]["strategy"] == "gqa4-bf16"
+    assert condition(obj, "CapacityPlanned")["status"] == "True"
+    assert condition(obj, "Ready")["status"] == "True"
+    assert condition(obj, "Monitoring")["reason"] == "PrometheusOperatorMissing"
+    capacity = obj["status"]["capacity"]
+    assert capacity["bytesPerToken"] == 32 * 2 * 4 * 128 * 2 and capacity["maxConcurrency"] > 1
+    dep = env["apps"].read_namespaced_deployment("chat-stable", env["ns"])
+    assert dep.metadata.owner_references[0].kind == "InferenceService"
+    engine = dep.spec.template.spec.containers[0]
+    assert engine.args[engine.args.index("--max-num-seqs") + 1] == str(capacity["maxConcurrency"])
+    assert {s.metadata.name for s in env["core"].list_namespaced_service(env["ns"]).items} >= {"chat", "chat-metrics"}
+    lineage = env["core"].read_namespaced_config_map("chat-lineage", env["ns"])
+    assert json.loads(lineage.data["stable"])["current"]["sha256"] == "ab" * 32
+    running = pods(env, "chat")
+    assert len(running) == 2
+    for pod in running:
+        assert pod.status.phase == "Running"
+        assert pod.spec.node_name in env["nodes"]
+        assert pod.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"
+    wait_for(lambda: {"CapacityPlanned", "RolloutStarted", "Ready"} <= {e[1] for e in events(env, "chat")},
+             "events CapacityPlanned, RolloutStarted, Ready", 30)
+    printed = env["kubectl"]("get", "kvis", "chat", "-n", env["ns"]).stdout
+    assert re.search(r"chat\s+Ready\s+gqa4-bf16\s+<none>\s+2/2", printed), printed
+
+
+def test_strategy_change_is_one_rolling_update(env) -> None:  # type: ignore[no-untyped-def]
+    env["kubectl"].apply(manifest("roll", env["ns"], replicas=1))
+    wait_phase(env, "roll", "Ready")
+    sets = env["apps"].list_namespaced_replica_set(env["ns"], label_selector="kvpilot.io/service=roll").items
+    assert len(sets) == 1
+    env["kubectl"]("patch", "kvis", "roll", "-n", env["ns"], "--type=merge", "-p",
+                   json.dumps({"spec": {"strategy": {"kvCacheDtype": "int8"}}}))
+    wait_for(lambda: service(env, "roll").get("status", {}).get("strategy") == "gqa4-int8", "new strategy", 60)
+    obj = wait_phase(env, "roll", "Ready")
+    assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"] == 2
+    dep = env["apps"].read_namespaced_deployment("roll-stable", env["ns"])
+    assert dep.metadata.generation == 2
+    sets = env["apps"].list_namespaced_replica_set(env["ns"], label_selector="kvpilot.io/service=roll").items
+    assert len(sets) == 2  # exactly one new ReplicaSet
+    assert sorted(rs.spec.replicas for rs in sets) == [0, 1]
+    wait_for(lambda: [p.metadata.labels["kvpilot.io/strategy"] for p in pods(env, "roll")
+                      if p.metadata.deletion_timestamp is None] == ["gqa4-int8"], "one int8 pod", 60)
+
+
+def test_operator_restart_rewrites_nothing(env) -> None:  # type: ignore[no-untyped-def]
+    env["kubectl"].apply(manifest("calm", env["ns"]))
+    wait_phase(env, "calm", "Ready")
+    time.sleep(2)  # let the last Deployment/ReplicaSet status updates land
+    before = children_versions(env, "calm")
+    operator = env["operator"]
+    seen = operator.reconciled("calm")
+    operator.stop()
+    operator.start()
+    wait_for(lambda: operator.reconciled("calm") > seen, "resume of calm", 60)
+    time.sleep(3)
+    assert children_versions(env, "calm") == before
+
+
+def test_delete_garbage_collects_everything(env) -> None:  # type: ignore[no-untyped-def]
+    env["kubectl"].apply(manifest("gone", env["ns"], replicas=1))
+    wait_phase(env, "gone", "Ready")
+    env["kubectl"]("delete", "kvis", "gone", "-n", env["ns"], "--wait=true")
+
+    def nothing_left() -> bool:
+        selector = "kvpilot.io/service=gone"
+        return not (env["apps"].list_namespaced_deployment(env["ns"], label_selector=selector).items
+                    or env["apps"].list_namespaced_replica_set(env["ns"], label_selector=selector).items
+                    or pods(env, "gone")
+                    or env["core"].list_namespaced_service(env["ns"], label_selector=selector).items
+                    or env["core"].list_namespaced_config_map(env["ns"], label_selector=selector).items)
+
+    wait_for(nothing_left, "garbage collection of gone's children", 90)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"strategy": {"attention": "sparse"}}, r'spec\.strategy\.attention: Unsupported value: "sparse"'),
+        ({"strategy": {"kvCacheDtype": "int4"}}, r"spec\.strategy\.kvCacheDtype: Unsupported value"),
+        ({"strategy": {"attention": "gqa"}}, r"kvHeadGroups is required when strategy\.attention is gqa"),
+        ({"strategy": {"maxSeqLen": 4}}, r"spec\.strategy\.maxSeqLen: Invalid value: 4"),
+        ({"replicas": -1}, r"spec\.replicas: Invalid value: -1"),
+        ({"resources": {"gpus": 1}}, r"spec\.resources\.gpuProduct: Required value"),
+        ({"model": {"uri": "s3://bucket/model", "config": LLAMA3_8B}}, r"spec\.model\.uri"),
+    ],
+)
+def test_invalid_manifest_is_rejected_naming_the_field(env, change, message) -> None:  # type: ignore[no-untyped-def]
+    result = env["kubectl"].apply(manifest("bad", env["ns"], **change), check=False)
+    assert result.returncode != 0
+    assert re.search(message, result.stderr), result.stderr
+
+
+def test_oversized_model_is_infeasible_and_gets_no_pods(env) -> None:  # type: ignore[no-untyped-def]
+    env["kubectl"].apply(manifest("huge", env["ns"], config=DEEPSEEK_V3,
+                                  strategy={"attention": "native", "maxSeqLen": 32768}))
+    obj = wait_phase(env, "huge", "Infeasible")
+    planned = condition(obj, "CapacityPlanned")
+    assert planned["status"] == "False" and planned["reason"] == "Infeasible"
+    assert "exceed 1 x NVIDIA-H200" in planned["message"] and "GiB" in planned["message"]
+    wait_for(lambda: any(e[:2] == ("Warning", "CapacityInfeasible") for e in events(env, "huge")),
+             "Warning event CapacityInfeasible", 30)
+    time.sleep(2)
+    assert env["apps"].list_namespaced_deployment(env["ns"], label_selector="kvpilot.io/service=huge").items == []
+    assert pods(env, "huge") == []
