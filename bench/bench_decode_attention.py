@@ -71,9 +71,8 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def sweep_configs(default: DecodeConfig) -> list[DecodeConfig]:
-    tiles = [DecodeConfig(default.num_splits, n, w, s) for n in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4)]
-    splits = [replace(default, num_splits=k) for k in (1, 2, 3, 4, 6, 8)]
-    return [default, *tiles, *splits]
+    grid = [DecodeConfig(k, n, 4, s) for k in (1, 2, 3, 4) for n in (64, 128) for s in (2, 3, 4)]
+    return [default, *grid, replace(default, num_warps=8), replace(default, block_n=32)]
 
 
 def bench_shape(batch: int, context: int, sweep: bool) -> dict:

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 import torch
 
-# Split the context until each SM has about this many programs to interleave (memory-bound
-# kernel: more programs in flight hide latency and even out the last wave), but never give a
-# split fewer than MIN_TOKENS_PER_SPLIT tokens: the partial outputs and the reduction cost more
-# than they save on short contexts.
+# Split the context while batch x kv heads x splits stays within about PROGRAMS_PER_SM programs
+# per SM (memory-bound kernel: enough programs in flight to hide latency, but overshooting adds a
+# ragged last wave; on the H200, 256 programs x 2 splits beat x 3, and 512 x 1 beat x 2), and never
+# give a split fewer than MIN_TOKENS_PER_SPLIT tokens: on short contexts the partial outputs and
+# the reduction cost more than they save. Measurements: docs/benchmarks.md.
 PROGRAMS_PER_SM = 4
 MIN_TOKENS_PER_SPLIT = 512
 MAX_SPLITS = 32
@@ -24,13 +25,13 @@ class DecodeConfig:
     num_splits: int
     block_n: int = 64
     num_warps: int = 4
-    num_stages: int = 2
+    num_stages: int = 3
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms: int) -> int:
     """1 on short contexts or when batch x kv heads already fill the GPU; more splits otherwise."""
     programs = max(1, batch * num_kv_heads)
-    by_occupancy = -(-PROGRAMS_PER_SM * num_sms // programs)
+    by_occupancy = PROGRAMS_PER_SM * num_sms // programs
     by_length = max(1, max_context // MIN_TOKENS_PER_SPLIT)
     return max(1, min(by_occupancy, by_length, MAX_SPLITS))
 
