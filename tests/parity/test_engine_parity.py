@@ -103,3 +103,22 @@ def test_triton_interpreter_matches_hf(checkpoint, monkeypatch) -> None:
     prompts = PROMPTS[:3]
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=3))
     assert [o["token_ids"] for o in outs] == [e[:3] for e in expected[:3]]
+
+
+def test_llama3_rope_scaling_matches_hf(tmp_path) -> None:
+    # original_max_position_embeddings=32 puts the longer prompts past the scaling knee.
+    rope = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32,
+        "rope_theta": 500000.0,
+    }
+    path = build_hf_checkpoint(
+        tmp_path / "llama3", "llama", seed=5, rope_parameters=rope, rope_theta=500000.0
+    )
+    expected = hf_greedy(path, PROMPTS, MAX_NEW)
+    llm = LLM(str(path), show_progress=False)
+    assert llm.engine.model_config.rope_scaling["rope_type"] == "llama3"
+    assert generate(llm) == expected
