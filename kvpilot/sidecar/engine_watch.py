@@ -17,7 +17,7 @@ class EngineWatch:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.restarts = 0
-        self.up = False
+        self.up: bool | None = None  # None until the first scrape
         self._identity: str | None = None
         self._seen_up = False
         self._down_since_up = False

@@ -18,7 +18,6 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
-from test_sidecar_feed import make_feed
 
 from kvpilot.engine import stats_contract as contract
 from kvpilot.sidecar.engine_collector import EngineCollector
@@ -26,6 +25,7 @@ from kvpilot.sidecar.http_app import make_registry
 from kvpilot.sidecar.nvml_collector import NvmlCollector
 from kvpilot.sidecar.schema import BY_NAME, ENGINE_DERIVED, HEALTH, SCHEMA
 from kvpilot.sidecar.sources import KvpilotFeedSource
+from tests.harness.stats_feed import make_feed
 
 pytestmark = pytest.mark.unit
 

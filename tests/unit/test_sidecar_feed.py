@@ -4,53 +4,15 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any
 
 import pytest
 
 from kvpilot.engine import stats_contract as contract
 from kvpilot.sidecar.feed import FeedError, feed_readings
 from kvpilot.sidecar.readings import HistogramValue
+from tests.harness.stats_feed import make_feed
 
 pytestmark = pytest.mark.unit
-
-
-def make_feed(instance_id: str = "engine-a", **sections: Any) -> dict[str, Any]:
-    """A feed shaped exactly as stats_contract documents, with distinct values everywhere."""
-    ttft, tpot, e2e = contract.Histogram(), contract.Histogram(), contract.Histogram()
-    for value in (0.004, 0.02, 0.02, 0.3, 2.5, 100.0):
-        ttft.observe(value)
-    for value in (0.01, 0.012, 0.05):
-        tpot.observe(value)
-    e2e.observe(1.2)
-    feed: dict[str, Any] = {
-        "schema_version": contract.SCHEMA_VERSION,
-        "engine": {"instance_id": instance_id, "model": "tiny-llama", "strategy": "gqa",
-                   "device": "cpu", "start_time_seconds": 1_700_000_000.5, "ready": True,
-                   "kv_cache_dtype": "bf16"},
-        "kv": {"block_size": 16, "bytes_per_block": 65536, "blocks_total": 200, "blocks_free": 150,
-               "blocks_used": 40, "blocks_cached": 10, "live_token_slots": 600,
-               "allocated_token_slots": 640, "efficiency": 600 / 640},
-        "prefix_cache": {"queried_tokens_total": 1000, "hit_tokens_total": 250},
-        "memory_bytes": {"weights": 1_000_000, "kv_pool": 13_107_200, "kv_used": 2_621_440,
-                         "activation_peak": 500_000, "torch_reserved": 20_000_000,
-                         "torch_allocated": 15_000_000},
-        "requests": {"running": 3, "waiting": 2, "finished_total": 17, "aborted_total": 1,
-                     "rejected_total": {"too_long": 4, "queue_full": 1}, "preemptions_total": 6,
-                     "prompt_tokens_total": 2048, "generation_tokens_total": 4096,
-                     "oom_events_total": 0, "max_concurrency": 32},
-        "latency": {"ttft_seconds": ttft.to_feed(), "tpot_seconds": tpot.to_feed(),
-                    "e2e_seconds": e2e.to_feed()},
-        "linear": {"summary_hits_total": 995, "summary_misses_total": 5},
-        "gqa_head_utilization": [{"layer": 0, "kv_head": 0, "value": 0.25},
-                                 {"layer": 0, "kv_head": 1, "value": 0.5},
-                                 {"layer": 3, "kv_head": 1, "value": 0.125}],
-        "validation": {"checks_total": 12, "fallbacks_total": {"low_cosine": 2},
-                       "last_cosine": 0.97},
-    }
-    for key, value in sections.items():
-        feed[key] = value if not isinstance(value, dict) else {**feed[key], **value}
-    return feed
 
 
 def test_every_scalar_field_lands_under_its_schema_name():
