@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.namespace and not args.all_namespaces:
         raise SystemExit("kvpilot operator: pass --namespace NS (repeatable) or --all-namespaces")
-    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
+    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN, log_prefix=True)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     kopf.run(
         clusterwide=args.all_namespaces,

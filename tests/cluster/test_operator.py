@@ -82,15 +82,16 @@ class OperatorProcess:
         self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
         self.proc: subprocess.Popen | None = None
 
+    def command(self, liveness: str) -> list[str]:
+        return [sys.executable, "-m", "kvpilot.cli", "operator", "--namespace", self.namespace, "--standalone",
+                "--liveness", liveness]
+
     def start(self) -> None:
         port = _free_port()
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         with self.log.open("a") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kvpilot.cli", "operator", "--namespace", self.namespace, "--standalone",
-                 "--liveness", f"http://127.0.0.1:{port}/healthz"],
-                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-            )
+            self.proc = subprocess.Popen(self.command(f"http://127.0.0.1:{port}/healthz"),
+                                         stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         wait_for(lambda: _http_ok(f"http://127.0.0.1:{port}/healthz") or self._died(), "operator liveness", 90)
         assert self.proc.poll() is None, self.text()[-3000:]
 

@@ -1,0 +1,188 @@
+"""Operator scale: N InferenceServices on M fake GPU nodes (local control plane + KWOK).
+
+    python bench/bench_operator_scale.py --services 1000 --nodes 500
+
+Starts a LocalCluster with M nodes (8 x NVIDIA-H200 each), applies the CRD, starts
+`kvpilot operator` (standalone, one namespace) as a child process with request counters, creates
+N InferenceServices (1 replica, 1 GPU each) and measures:
+  - seconds from the first create until all N report phase Ready (their Deployment's pod Running
+    and Ready under KWOK);
+  - the operator's CPU time (user + system) and peak RSS (VmHWM) from /proc;
+  - API requests per reconcile: the operator's own client (GET / server-side apply / status
+    PATCH) and kopf's (watches, annotation patches, events), divided by reconciles run.
+Prints one JSON line with every figure. The cluster is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LLAMA3_8B = {
+    "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256, "torch_dtype": "bfloat16",
+}
+
+
+def run_operator_with_counters(namespace: str, stats_path: str) -> int:
+    """The operator process: counts API requests (ours and kopf's) and reconciles, dumps them at exit."""
+    from collections import Counter
+
+    import aiohttp
+
+    from kvpilot.operator import kube, reconciler
+    from kvpilot.operator.handlers import reconcile as reconcile_handler
+
+    kopf_requests: Counter[str] = Counter()
+    reconciles = Counter()
+    original_request = aiohttp.ClientSession._request
+
+    async def counted_request(self, method, url, *args, **kwargs):  # type: ignore[no-untyped-def]
+        watch = "watch=true" in str(url) or (kwargs.get("params") or {}).get("watch") in ("true", True)
+        kopf_requests["WATCH" if watch else method.upper()] += 1
+        return await original_request(self, method, url, *args, **kwargs)
+
+    aiohttp.ClientSession._request = counted_request  # type: ignore[method-assign]
+    original_reconcile = reconciler.reconcile
+
+    def counted_reconcile(ctx, body):  # type: ignore[no-untyped-def]
+        reconciles["reconcile"] += 1
+        return original_reconcile(ctx, body)
+
+    reconcile_handler.reconcile = counted_reconcile  # the name the handler calls
+
+    def dump() -> None:
+        ours = dict(kube.shared().requests) if kube._shared is not None else {}
+        Path(stats_path).write_text(json.dumps({"operator_client": ours, "kopf": dict(kopf_requests),
+                                                "reconciles": reconciles["reconcile"]}))
+
+    def periodic() -> None:
+        while True:
+            time.sleep(2)
+            dump()
+
+    threading.Thread(target=periodic, daemon=True).start()
+    from kvpilot.operator import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    try:
+        return cli.run(parser.parse_args(["--namespace", namespace, "--standalone"]))
+    finally:
+        dump()
+
+
+def proc_stats(pid: int) -> tuple[float, int]:
+    """(CPU seconds user+system, peak RSS bytes) of a live process."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu = (int(fields[11]) + int(fields[12])) / ticks
+    hwm = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmHWM"))
+    return cpu, int(hwm.split()[1]) * 1024
+
+
+def body(name: str, namespace: str) -> dict:
+    return {
+        "apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"model": {"uri": "pvc://models/llama-3-8b", "config": LLAMA3_8B},
+                 "strategy": {"attention": "gqa", "kvHeadGroups": 4, "maxSeqLen": 8192},
+                 "resources": {"gpus": 1, "gpuProduct": "NVIDIA-H200"}, "replicas": 1,
+                 "engine": {"image": "kvpilot:bench"}},
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--services", type=int, default=1000)
+    parser.add_argument("--nodes", type=int, default=500)
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--as-operator", nargs=2, metavar=("NAMESPACE", "STATS"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.as_operator:
+        return run_operator_with_counters(*args.as_operator)
+
+    from kubernetes import client, config
+
+    from kvpilot.cluster.local import LocalCluster
+
+    state = Path(tempfile.mkdtemp(prefix="kvpilot-bench-")) / "cluster"
+    cluster = LocalCluster(state, nodes=args.nodes, start_timeout_s=900)
+    t0 = time.monotonic()
+    cluster.start()
+    cluster_s = time.monotonic() - t0
+    operator = None
+    try:
+        kubectl = ["/usr/bin/kubectl", f"--kubeconfig={cluster.kubeconfig}"]
+        subprocess.run([*kubectl, "apply", "-f", str(REPO / "crds" / "inferenceservices.kvpilot.io.yaml")], check=True)
+        subprocess.run([*kubectl, "wait", "--for=condition=Established", "crd/inferenceservices.kvpilot.io"],
+                       check=True)
+        api_client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+        core, custom = client.CoreV1Api(api_client), client.CustomObjectsApi(api_client)
+        namespace = "bench"
+        core.create_namespace({"metadata": {"name": namespace}})
+        while not core.list_namespaced_service_account(namespace).items:
+            time.sleep(0.2)
+        stats_path = state.parent / "operator-stats.json"
+        log = (state.parent / "operator.log").open("w")
+        operator = subprocess.Popen([sys.executable, __file__, "--as-operator", namespace, str(stats_path)],
+                                    stdout=log, stderr=subprocess.STDOUT,
+                                    env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}, cwd=REPO)
+        time.sleep(5)
+        began = time.monotonic()
+
+        def create(i: int) -> None:
+            custom.create_namespaced_custom_object("kvpilot.io", "v1alpha1", namespace, "inferenceservices",
+                                                   body(f"svc-{i:05d}", namespace))
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(create, range(args.services)))
+        created_s = time.monotonic() - began
+        ready = 0
+        while time.monotonic() - began < args.timeout:
+            items = custom.list_namespaced_custom_object("kvpilot.io", "v1alpha1", namespace,
+                                                         "inferenceservices")["items"]
+            ready = sum(1 for o in items if o.get("status", {}).get("phase") == "Ready")
+            if ready == args.services:
+                break
+            if operator.poll() is not None:
+                raise RuntimeError("the operator exited; see " + log.name)
+            time.sleep(2)
+        all_ready_s = time.monotonic() - began
+        time.sleep(3)
+        cpu_s, rss = proc_stats(operator.pid)
+        stats = json.loads(stats_path.read_text())
+        reconciles = max(1, stats["reconciles"])
+        ours = sum(stats["operator_client"].values())
+        kopf_total = sum(stats["kopf"].values())
+        print(json.dumps({
+            "services": args.services, "nodes": args.nodes, "cluster_start_s": round(cluster_s, 1),
+            "create_s": round(created_s, 1), "ready": ready, "all_ready_s": round(all_ready_s, 1),
+            "operator_cpu_s": round(cpu_s, 1), "operator_peak_rss_mib": round(rss / 2**20, 1),
+            "reconciles": stats["reconciles"], "operator_client_requests": stats["operator_client"],
+            "kopf_requests": stats["kopf"],
+            "requests_per_reconcile": round((ours + kopf_total) / reconciles, 2),
+            "operator_client_requests_per_reconcile": round(ours / reconciles, 2),
+        }))
+        return 0 if ready == args.services else 1
+    finally:
+        if operator is not None and operator.poll() is None:
+            operator.terminate()
+            try:
+                operator.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                operator.kill()
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
