@@ -22,8 +22,9 @@ from kvpilot.engine.tokenizer import Tokenizer
 class RequestOutput:
     """What one step produced for one request.
 
-    `text` is the request's whole completion so far, detokenised (cut before a stop string when
-    one ended it); `new_token_ids` are only this step's tokens.
+    `new_token_ids` are only this step's tokens. `text` is the whole completion detokenised (cut
+    before the stop string when one ended it); it is filled on the final output, and on every
+    output of requests that have stop strings (they are searched in it), else left empty.
     """
 
     request_id: str
@@ -126,6 +127,8 @@ class LLMEngine:
 
     def _check_stop_strings(self, seq: Sequence) -> None:
         stops = seq.params.stop
+        if not stops and not seq.is_finished:
+            return  # detokenise once at the end: decoding every step would cost O(n^2)
         text = self.tokenizer.decode(seq.completion_token_ids)
         if stops and (seq.finish_reason is None or seq.finish_reason == "length"):
             tail = max(0, len(self._texts[seq.request_id]) - max(len(s) for s in stops))
@@ -165,6 +168,13 @@ class LLMEngine:
         if any(not 0 <= t < vocab for t in [*prompt_token_ids, *continuation_token_ids]):
             raise ValueError(f"token ids must be in [0, {vocab})")
         return self.runner.score(prompt_token_ids, continuation_token_ids)
+
+    def reset_stats(self) -> None:
+        """Start the feed's counters again (new instance_id), e.g. after a warm-up that is not traffic."""
+        self.stats_state = EngineStats()
+        self.block_manager.prefix_queried_tokens = 0
+        self.block_manager.prefix_hit_tokens = 0
+        self.scheduler.num_preemptions = 0
 
     def record_rejection(self, reason: str) -> None:
         self.stats_state.record_rejection(reason)
