@@ -93,6 +93,7 @@ async def serve_completion(
 
 async def _run(gen: Generation, fmt: CompletionFormat, out: ResultLog, stream: bool) -> None:
     await gen.start()
+    out.mark_started()
     if stream and (first := fmt.first_chunk()) is not None:
         out.append(first)
     pieces: list[str] = []
@@ -119,7 +120,7 @@ async def _run(gen: Generation, fmt: CompletionFormat, out: ResultLog, stream: b
 async def respond(request: Request, runtime: ServerRuntime, result: ResultLog, stream: bool) -> Response:
     strategy = runtime.settings.strategy
     if stream:
-        await result.wait_first()
+        await result.wait_started()
         if not result.events and result.error is not None:
             return error_response(_client_visible(result.error), strategy)
         return StreamingResponse(

@@ -20,6 +20,7 @@ class ResultLog:
     def __init__(self) -> None:
         self.events: list[Any] = []
         self.done = False
+        self.started = False  # the engine accepted the request: a stream may send its headers
         self.error: APIError | None = None
         self.readers = 0
         self._changed = asyncio.Event()
@@ -57,6 +58,10 @@ class ResultLog:
     def ok(self) -> bool:
         return self.done and self.error is None
 
+    def mark_started(self) -> None:
+        self.started = True
+        self._notify()
+
     def append(self, event: Any) -> None:
         self.events.append(event)
         self._notify()
@@ -79,9 +84,9 @@ class ResultLog:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def wait_first(self) -> None:
-        """Until the first event exists or the log ends."""
-        while not self.events and not self.done:
+    async def wait_started(self) -> None:
+        """Until the engine accepted the request, or the log ended (then check `error`)."""
+        while not self.started and not self.events and not self.done:
             await self._changed.wait()
 
     async def read(self) -> AsyncIterator[Any]:

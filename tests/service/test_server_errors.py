@@ -1,0 +1,152 @@
+"""Admission control and error answers: each case's status code, OpenAI error shape and message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.service.conftest import SERVED_MODEL, STRATEGY, ServerProcess
+
+pytestmark = pytest.mark.service
+
+
+def _post(server: ServerProcess, path: str, body: Any, **kwargs: Any) -> httpx.Response:
+    return httpx.post(server.base_url + path, json=body, timeout=60, **kwargs)
+
+
+def _error(response: httpx.Response, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["X-Model-Strategy"] == STRATEGY
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
+
+
+def _rejected(server: ServerProcess) -> dict[str, int]:
+    return server.stats()["requests"]["rejected_total"]
+
+
+def test_prompt_plus_max_tokens_over_the_limit_is_400_with_both_numbers(server: ServerProcess) -> None:
+    before = _rejected(server)["too_long"]
+    response = _post(server, "/v1/completions", {"model": SERVED_MODEL, "prompt": "hello there", "max_tokens": 256})
+    error = _error(response, 400)
+    prompt_tokens = int(error["message"].split("the prompt has ")[1].split()[0])
+    assert prompt_tokens > 0
+    assert "max_tokens asks for 256" in error["message"]
+    assert f"{prompt_tokens + 256} tokens exceed" in error["message"]
+    assert "maximum context length of 256 tokens" in error["message"]
+    assert error["param"] == "max_tokens" and error["code"] == "context_length_exceeded"
+    assert _rejected(server)["too_long"] == before + 1
+
+
+def test_prompt_alone_over_the_limit_is_400(server: ServerProcess) -> None:
+    messages = [{"role": "user", "content": "word " * 400}]
+    error = _error(_post(server, "/v1/chat/completions", {"model": SERVED_MODEL, "messages": messages}), 400)
+    assert "maximum context length of 256 tokens" in error["message"]
+    assert "leaves no room" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "hint"),
+    [
+        ({"model": SERVED_MODEL}, "prompt", "Field required"),
+        ({"model": SERVED_MODEL, "prompt": "x", "max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
+        ({"model": SERVED_MODEL, "prompt": "x", "temperature": 3.5}, "temperature", "less than or equal to 2"),
+        ({"model": SERVED_MODEL, "prompt": "x", "top_p": 0}, "top_p", "greater than 0"),
+        ({"model": SERVED_MODEL, "prompt": "x", "stream": "sometimes"}, "stream", "boolean"),
+        ({"prompt": "x"}, "model", "Field required"),
+    ],
+)
+def test_malformed_completion_body_is_422_naming_the_field(
+    server: ServerProcess, body: dict, field: str, hint: str
+) -> None:
+    error = _error(_post(server, "/v1/completions", body), 422)
+    assert error["param"] == field
+    assert field in error["message"] and hint in error["message"], error["message"]
+
+
+def test_malformed_chat_messages_is_422_naming_the_field(server: ServerProcess) -> None:
+    body = {"model": SERVED_MODEL, "messages": [{"role": "wizard", "content": "hi"}]}
+    error = _error(_post(server, "/v1/chat/completions", body), 422)
+    assert error["param"] == "messages.0.role"
+    assert "messages.0.role" in error["message"] and "'user'" in error["message"]
+    error = _error(_post(server, "/v1/chat/completions", {"model": SERVED_MODEL, "messages": []}), 422)
+    assert error["param"] == "messages"
+
+
+def test_invalid_json_is_422(server: ServerProcess) -> None:
+    response = httpx.post(
+        server.base_url + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert "not valid JSON" in _error(response, 422)["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "extra", "param", "text"),
+    [
+        ("/v1/completions", {"n": 2}, "n", "one choice per request (n=1)"),
+        ("/v1/chat/completions", {"n": 3}, "n", "n=3 is not supported"),
+        ("/v1/chat/completions", {"logprobs": True}, "logprobs", "/v1/score"),
+        ("/v1/completions", {"logprobs": 2}, "logprobs", "not supported"),
+        ("/v1/completions", {"echo": True}, "echo", "echo=true is not supported"),
+        ("/v1/completions", {"presence_penalty": 0.5}, "presence_penalty", "omit it or send 0"),
+    ],
+)
+def test_unsupported_options_are_400(server: ServerProcess, path: str, extra: dict, param: str, text: str) -> None:
+    base = {"prompt": "x"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "x"}]}
+    error = _error(_post(server, path, {"model": SERVED_MODEL, **base, **extra}), 400)
+    assert error["param"] == param and text in error["message"], error
+
+
+def test_several_prompts_in_one_request_are_400(server: ServerProcess) -> None:
+    error = _error(_post(server, "/v1/completions", {"model": SERVED_MODEL, "prompt": ["a", "b"]}), 400)
+    assert "holds 2 prompts" in error["message"]
+
+
+def test_out_of_vocabulary_token_id_is_400(server: ServerProcess) -> None:
+    error = _error(_post(server, "/v1/completions", {"model": SERVED_MODEL, "prompt": [1, 99999]}), 400)
+    assert "99999" in error["message"] and "vocabulary" in error["message"]
+
+
+def test_unknown_model_is_404_naming_the_served_one(server: ServerProcess) -> None:
+    error = _error(_post(server, "/v1/completions", {"model": "gpt-9", "prompt": "x"}), 404)
+    assert "'gpt-9'" in error["message"] and SERVED_MODEL in error["message"]
+    assert error["code"] == "model_not_found"
+
+
+def test_unknown_route_and_wrong_method_use_the_error_shape(server: ServerProcess) -> None:
+    assert "no route" in _error(httpx.get(server.base_url + "/v2/nothing"), 404)["message"]
+    assert "not allowed" in _error(httpx.get(server.base_url + "/v1/completions"), 405)["message"]
+
+
+async def test_full_queue_is_429_with_retry_after(start_server) -> None:
+    small = start_server("--max-model-len", "256", "--max-num-seqs", "1", "--max-queue", "1", "--cpu-memory-budget", "8MiB")
+    long_body = {"model": SERVED_MODEL, "prompt": "hold the engine", "max_tokens": 200, "stream": True, "ignore_eos": True}
+
+    async def scenario() -> tuple[httpx.Response, list[int]]:
+        async with httpx.AsyncClient(base_url=small.base_url, timeout=120) as client:
+            statuses: list[int] = []
+            async with client.stream("POST", "/v1/completions", json=long_body) as running:
+                assert running.status_code == 200
+                async with client.stream("POST", "/v1/completions", json=long_body) as queued:
+                    assert queued.status_code == 200
+                    rejected = await client.post("/v1/completions", json={**long_body, "stream": False})
+                    await rejected.aread()
+                    statuses = [running.status_code, queued.status_code]
+                    async for _ in queued.aiter_lines():
+                        pass
+                async for _ in running.aiter_lines():
+                    pass
+            return rejected, statuses
+
+    rejected, statuses = await scenario()
+    error = _error(rejected, 429)
+    assert rejected.headers["Retry-After"] == "1"
+    assert "at capacity" in error["message"] and "1 running, 1 queued" in error["message"]
+    assert statuses == [200, 200]
+    assert small.stats()["requests"]["rejected_total"]["queue_full"] == 1
+    # nothing was lost: once the two finished, a new request is admitted again
+    after = _post(small, "/v1/completions", {"model": SERVED_MODEL, "prompt": "again", "max_tokens": 3})
+    assert after.status_code == 200, after.text
