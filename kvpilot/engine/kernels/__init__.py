@@ -41,12 +41,19 @@ def paged_attention_prefill(
     cu_seqlens_q: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    max_seqlen_q: int | None = None,
 ) -> torch.Tensor:
-    """Causal attention of packed chunks q [T, Hq, D] over their whole paged context (prefix + chunk)."""
+    """Causal attention of packed chunks q [T, Hq, D] over their whole paged context (prefix + chunk).
+
+    `max_seqlen_q`, optional: the longest chunk (a host int); it lets the Triton launch skip
+    programs for tiles no sequence has. Omitting it is always correct.
+    """
     if backend_for(q) == "triton":
         from kvpilot.engine.kernels.paged_prefill.launcher import paged_attention_prefill_triton
 
-        return paged_attention_prefill_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
+        return paged_attention_prefill_triton(
+            q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_seqlen_q
+        )
     return paged_attention_prefill_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
 
 

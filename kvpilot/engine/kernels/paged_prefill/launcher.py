@@ -26,8 +26,13 @@ def paged_attention_prefill_triton(
     cu_seqlens_q: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    max_seqlen_q: int | None = None,
 ) -> torch.Tensor:
-    """q [T, Hq, D] packed varlen; block_tables int32 [B, max_blocks]; cu_seqlens_q int32 [B+1]; context_lens int32 [B]."""
+    """q [T, Hq, D] packed varlen; block_tables int32 [B, max_blocks]; cu_seqlens_q int32 [B+1]; context_lens int32 [B].
+
+    `max_seqlen_q` (optional, the longest chunk in the batch, known on the host) sizes the grid;
+    without it the grid is sized for T tokens per sequence and surplus programs exit at once.
+    """
     check_triton_device(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
     block_size, num_kv_heads, group = check_paged_cache(q, k_cache, v_cache)
     batch = context_lens.shape[0]
@@ -42,7 +47,12 @@ def paged_attention_prefill_triton(
     block_q = max(1, ROWS_PER_PROGRAM // group_pad)
     block_n = 64 if head_dim <= 128 else 32
     operand_dtype = dot_dtype(q.dtype)
-    grid = (triton.cdiv(num_tokens, block_q), batch, num_kv_heads)
+    if max_seqlen_q is None:
+        max_seqlen_q = num_tokens
+    assert 0 <= max_seqlen_q <= num_tokens, f"max_seqlen_q {max_seqlen_q}: want 0..{num_tokens} (the longest chunk)"
+    if max_seqlen_q == 0:
+        return out
+    grid = (triton.cdiv(max_seqlen_q, block_q), batch, num_kv_heads)
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out,
         scale * LOG2E,
