@@ -31,9 +31,12 @@ class Attention(nn.Module):
         ctx = get_context()
         if ctx.dense:
             return self._dense_causal(q, k, v)
+        out_dtype, cache_dtype = q.dtype, self.k_cache.dtype
+        if cache_dtype != out_dtype:  # kv_cache_dtype differs from the model's: attend in the cache's
+            q, k, v = q.to(cache_dtype), k.to(cache_dtype), v.to(cache_dtype)
         store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
         if ctx.is_prefill:
-            return paged_attention_prefill(
+            o = paged_attention_prefill(
                 q,
                 self.k_cache,
                 self.v_cache,
@@ -42,9 +45,11 @@ class Attention(nn.Module):
                 ctx.context_lens,
                 self.scale,
             )
-        return paged_attention_decode(
-            q, self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens, self.scale
-        )
+        else:
+            o = paged_attention_decode(
+                q, self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens, self.scale
+            )
+        return o.to(out_dtype)
 
     def _dense_causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         group = self.num_heads // self.num_kv_heads

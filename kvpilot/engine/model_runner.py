@@ -86,6 +86,7 @@ class ModelRunner:
         self._profile_run()
         peak = torch.cuda.max_memory_allocated(self.device) - before
         self.activation_peak_bytes = peak
+        torch.cuda.empty_cache()  # the profile's cached blocks would otherwise count twice (used + peak)
         free, total = torch.cuda.mem_get_info(self.device)
         budget = int(total * self.config.gpu_memory_utilization) - (total - free) - peak
         blocks = budget // self.bytes_per_block
