@@ -62,8 +62,10 @@ def test_prefill_compiled(dtype: torch.dtype, num_heads: int, num_kv_heads: int,
     case = make_paged_case(context_lens, num_kv_heads, head_dim, block_size, dtype, device="cuda")
     q = strided_queries(sum(q_lens), num_heads, num_kv_heads, head_dim, dtype, device="cuda")
     args = (q, case.k_cache, case.v_cache, case.block_tables, cu_seqlens(q_lens, device="cuda"), case.context_lens, head_dim**-0.5)
-    out = paged_attention_prefill_triton(*args)
-    assert relative_error(out, paged_attention_prefill_reference(*args)) < REL_TOL[dtype]
+    ref = paged_attention_prefill_reference(*args)
+    for max_seqlen_q in (None, max(q_lens)):
+        out = paged_attention_prefill_triton(*args, max_seqlen_q)
+        assert relative_error(out, ref) < REL_TOL[dtype], max_seqlen_q
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
