@@ -1,0 +1,140 @@
+"""The API app in this process around a real engine, with faults injected into the engine: one
+request's failure is a 500 for it alone, the engine loop survives a failing step, and nothing
+is served (503) until the engine has loaded and warmed up."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from kvpilot.engine.server import ServerRuntime, ServerSettings, create_app
+from kvpilot.engine.server.warmup import warm_up
+
+pytestmark = pytest.mark.service
+
+MODEL = "tiny-llama"
+POISON_ADD = 7  # a prompt ending with this token id is refused inside engine.add_request
+POISON_STEP = 9  # a prompt ending with this token id makes engine.step() raise once
+
+
+class FaultyEngine:
+    """The real engine, except for the poisoned prompts above."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self._step_poison: set[str] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: Any) -> None:
+        if prompt_token_ids[-1] == POISON_ADD:
+            raise RuntimeError("injected failure in add_request")
+        if prompt_token_ids[-1] == POISON_STEP:
+            self._step_poison.add(request_id)
+        self._engine.add_request(request_id, prompt_token_ids, params)
+
+    def step(self) -> list[Any]:
+        if self._step_poison:
+            self._step_poison.clear()
+            raise RuntimeError("injected failure in step")
+        return self._engine.step()
+
+
+@pytest.fixture(scope="module")
+def real_engine(tiny_model: Path) -> Any:
+    from kvpilot.engine.config import EngineConfig
+    from kvpilot.engine.llm_engine import LLMEngine
+
+    return LLMEngine(EngineConfig(model=str(tiny_model), num_kv_blocks=128, max_model_len=256, show_progress=False))
+
+
+@pytest.fixture
+def gate() -> threading.Event:
+    return threading.Event()
+
+
+@pytest.fixture
+def runtime(real_engine: Any, gate: threading.Event) -> Iterator[ServerRuntime]:
+    """A runtime whose engine 'loads' until `gate` is set, then warms up like the real server."""
+
+    def load() -> FaultyEngine:
+        assert gate.wait(60), "the test never let the engine load"
+        return FaultyEngine(real_engine)
+
+    rt = ServerRuntime(ServerSettings(model_name=MODEL, strategy="test-strategy"), load, warm_up=warm_up)
+    rt.start_loading()
+    yield rt
+    gate.set()
+    rt.wait_loaded(60)
+    rt.shutdown()
+
+
+def _client(runtime: ServerRuntime) -> httpx.AsyncClient:
+    app = create_app(runtime, manage_engine=False)
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://in-process", timeout=60)
+
+
+def _completion(prompt: Any, max_tokens: int = 8) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
+
+
+async def test_not_ready_until_loaded_and_warmed_up(runtime: ServerRuntime, gate: threading.Event) -> None:
+    async with _client(runtime) as client:
+        assert (await client.get("/health")).status_code == 200
+        ready = await client.get("/ready")
+        assert ready.status_code == 503 and ready.headers["Retry-After"] == "5"
+        assert ready.json()["status"] == "loading"
+        assert ready.headers["X-Model-Strategy"] == "test-strategy"
+        refused = await client.post("/v1/completions", json=_completion("hello"))
+        assert refused.status_code == 503 and refused.headers["Retry-After"] == "5"
+        error = refused.json()["error"]
+        assert "not ready: the model weights are loading" in error["message"] and error["code"] == "not_ready"
+        assert (await client.post("/v1/score", json={"model": MODEL, "prompt": "a", "continuation": "b"})).status_code == 503
+
+        gate.set()
+        assert await asyncio.to_thread(runtime.wait_loaded, 120)
+        assert runtime.warmup_seconds is not None and runtime.warmup_seconds > 0
+        assert (await client.get("/ready")).status_code == 200
+        served = await client.post("/v1/completions", json=_completion("hello"))
+        assert served.status_code == 200, served.text
+
+
+async def test_one_failing_request_does_not_disturb_the_others(runtime: ServerRuntime, gate: threading.Event) -> None:
+    gate.set()
+    assert await asyncio.to_thread(runtime.wait_loaded, 120)
+    async with _client(runtime) as client:
+        before = (await asyncio.wrap_future(runtime.loop.call(lambda e: e.stats())))["requests"]
+        healthy, poisoned = await asyncio.gather(
+            client.post("/v1/completions", json=_completion([5, 6, 8], max_tokens=40)),
+            client.post("/v1/completions", json=_completion([5, 6, POISON_ADD])),
+        )
+        assert poisoned.status_code == 500
+        error = poisoned.json()["error"]
+        assert error["type"] == "internal_error" and "injected failure in add_request" in error["message"]
+        assert healthy.status_code == 200, healthy.text
+        assert healthy.json()["usage"]["completion_tokens"] == 40
+        again = await client.post("/v1/completions", json=_completion([5, 6, 8], max_tokens=40))
+        assert again.json()["choices"][0]["text"] == healthy.json()["choices"][0]["text"]
+        stats = await asyncio.wrap_future(runtime.loop.call(lambda e: e.stats()))
+        assert stats["requests"]["rejected_total"]["internal_error"] == before["rejected_total"]["internal_error"] + 1
+
+
+async def test_engine_loop_survives_a_failing_step(runtime: ServerRuntime, gate: threading.Event) -> None:
+    gate.set()
+    assert await asyncio.to_thread(runtime.wait_loaded, 120)
+    async with _client(runtime) as client:
+        failed = await client.post("/v1/completions", json=_completion([5, 6, POISON_STEP]))
+        assert failed.status_code == 500
+        assert "injected failure in step" in failed.json()["error"]["message"]
+        assert runtime.loop.alive and runtime.loop.step_failures == 1
+        stats = await asyncio.wrap_future(runtime.loop.call(lambda e: e.stats()))
+        assert stats["kv"]["blocks_used"] == 0 and stats["requests"]["running"] == 0
+        after = await client.post("/v1/completions", json=_completion("still serving"))
+        assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 8
