@@ -119,34 +119,3 @@ def test_unknown_model_is_404_naming_the_served_one(server: ServerProcess) -> No
 def test_unknown_route_and_wrong_method_use_the_error_shape(server: ServerProcess) -> None:
     assert "no route" in _error(httpx.get(server.base_url + "/v2/nothing"), 404)["message"]
     assert "not allowed" in _error(httpx.get(server.base_url + "/v1/completions"), 405)["message"]
-
-
-async def test_full_queue_is_429_with_retry_after(start_server) -> None:
-    small = start_server("--max-model-len", "256", "--max-num-seqs", "1", "--max-queue", "1", "--cpu-memory-budget", "8MiB")
-    long_body = {"model": SERVED_MODEL, "prompt": "hold the engine", "max_tokens": 200, "stream": True, "ignore_eos": True}
-
-    async def scenario() -> tuple[httpx.Response, list[int]]:
-        async with httpx.AsyncClient(base_url=small.base_url, timeout=120) as client:
-            statuses: list[int] = []
-            async with client.stream("POST", "/v1/completions", json=long_body) as running:
-                assert running.status_code == 200
-                async with client.stream("POST", "/v1/completions", json=long_body) as queued:
-                    assert queued.status_code == 200
-                    rejected = await client.post("/v1/completions", json={**long_body, "stream": False})
-                    await rejected.aread()
-                    statuses = [running.status_code, queued.status_code]
-                    async for _ in queued.aiter_lines():
-                        pass
-                async for _ in running.aiter_lines():
-                    pass
-            return rejected, statuses
-
-    rejected, statuses = await scenario()
-    error = _error(rejected, 429)
-    assert rejected.headers["Retry-After"] == "1"
-    assert "at capacity" in error["message"] and "1 running, 1 queued" in error["message"]
-    assert statuses == [200, 200]
-    assert small.stats()["requests"]["rejected_total"]["queue_full"] == 1
-    # nothing was lost: once the two finished, a new request is admitted again
-    after = _post(small, "/v1/completions", {"model": SERVED_MODEL, "prompt": "again", "max_tokens": 3})
-    assert after.status_code == 200, after.text
