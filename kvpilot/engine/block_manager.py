@@ -53,6 +53,7 @@ class BlockManager:
         self.hash_to_block_id: dict[int, int] = {}
         self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.used_block_ids: set[int] = set()
+        self._cached_free = 0  # free blocks that still hold a registered prefix
         self.prefix_queried_tokens = 0
         self.prefix_hit_tokens = 0
 
@@ -68,7 +69,7 @@ class BlockManager:
     @property
     def num_cached_free_blocks(self) -> int:
         """Free blocks that still hold a registered prefix (reusable until evicted)."""
-        return sum(1 for b in self.free_block_ids if self.blocks[b].hash != NO_HASH)
+        return self._cached_free
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -98,14 +99,19 @@ class BlockManager:
 
     # -- allocation ----------------------------------------------------------------------
     def can_allocate(
-        self, seq: Sequence, num_new_tokens: int, hits: list[tuple[int, int]] | None = None
+        self,
+        seq: Sequence,
+        num_new_tokens: int,
+        hits: list[tuple[int, int]] | None = None,
+        reserve_blocks: int = 0,
     ) -> bool:
-        """Whether seq (holding no blocks) can take its prefix hits plus num_new_tokens slots."""
+        """Whether seq (holding no blocks) can take its prefix hits plus num_new_tokens slots,
+        leaving reserve_blocks free."""
         assert not seq.block_table, f"{seq.request_id} already holds blocks"
         hits = self.match_prefix(seq) if hits is None else hits
         revived = sum(1 for block_id, _ in hits if self.blocks[block_id].ref_count == 0)
         fresh = self.blocks_for(len(hits) * self.block_size + num_new_tokens) - len(hits)
-        return fresh + revived <= self.num_free_blocks
+        return fresh + revived + reserve_blocks <= self.num_free_blocks
 
     def allocate(self, seq: Sequence, num_new_tokens: int, hits: list[tuple[int, int]] | None = None) -> None:
         """Give seq its cached prefix blocks and enough fresh blocks for num_new_tokens more."""
@@ -115,6 +121,7 @@ class BlockManager:
             block = self.blocks[block_id]
             if block.ref_count == 0:
                 del self.free_block_ids[block_id]
+                self._cached_free -= 1
                 self.used_block_ids.add(block_id)
             block.ref_count += 1
             seq.block_table.append(block_id)
@@ -165,6 +172,7 @@ class BlockManager:
             if block.ref_count == 0:
                 self.used_block_ids.remove(block_id)
                 self.free_block_ids[block_id] = None
+                self._cached_free += block.hash != NO_HASH
         seq.block_table = []
         seq.block_hashes = []
         seq.num_computed_tokens = 0
@@ -172,8 +180,10 @@ class BlockManager:
     def _take_free_block(self) -> int:
         block_id, _ = self.free_block_ids.popitem(last=False)
         block = self.blocks[block_id]
-        if block.hash != NO_HASH and self.hash_to_block_id.get(block.hash) == block_id:
-            del self.hash_to_block_id[block.hash]
+        if block.hash != NO_HASH:
+            self._cached_free -= 1
+            if self.hash_to_block_id.get(block.hash) == block_id:
+                del self.hash_to_block_id[block.hash]
         block.forget()
         block.ref_count = 1
         self.used_block_ids.add(block_id)

@@ -54,6 +54,7 @@ class Scheduler:
         max_model_len: int = 4096,
         enable_chunked_prefill: bool = True,
         eos_token_ids: tuple[int, ...] = (),
+        watermark: float = 0.01,
     ) -> None:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
@@ -65,6 +66,9 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.enable_chunked_prefill = enable_chunked_prefill
         self.eos_token_ids = tuple(eos_token_ids)
+        # Blocks kept free when admitting beside running sequences, so their next decode steps
+        # do not immediately preempt the newcomer (recompute thrash).
+        self.watermark_blocks = int(watermark * block_manager.num_blocks)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -139,7 +143,8 @@ class Scheduler:
             n = min(remaining, budget)
             if not self.enable_chunked_prefill and n < remaining:
                 break
-            if not bm.can_allocate(seq, n, hits):
+            reserve = self.watermark_blocks if self.running else 0
+            if not bm.can_allocate(seq, n, hits, reserve):
                 break
             self.waiting.popleft()
             bm.allocate(seq, n, hits)

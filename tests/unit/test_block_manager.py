@@ -31,6 +31,7 @@ def check_invariants(bm: BlockManager, live: list[Sequence]) -> None:
     for block in bm.blocks:
         assert block.ref_count == holders.get(block.block_id, 0)
         assert (block.ref_count > 0) == (block.block_id in bm.used_block_ids)
+    assert bm.num_cached_free_blocks == sum(1 for b in bm.free_block_ids if bm.blocks[b].hash != NO_HASH)
     for h, block_id in bm.hash_to_block_id.items():
         assert bm.blocks[block_id].hash == h
 

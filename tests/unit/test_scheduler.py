@@ -181,3 +181,20 @@ def test_random_workload_never_leaks(actions, num_blocks, block_size, budget, ma
         assert s.is_finished
         if s.finish_reason == "length":
             assert s.num_completion_tokens == s.params.max_tokens or len(s) == sched.max_model_len
+
+
+def test_watermark_keeps_blocks_free_beside_running_sequences() -> None:
+    sched = make_scheduler(num_blocks=200, block_size=1, max_num_seqs=8, budget=400, caching=False)
+    assert sched.watermark_blocks == 2
+    first = seq("first", 190)
+    sched.add(first)
+    sched.postprocess(sched.schedule(), [5])  # 190 blocks used, 10 free
+    assert sched.block_manager.num_free_blocks == 10
+    sched.add(seq("too-big", 8))  # 1 decode block for "first" + 8 would leave 1 < watermark
+    out = sched.schedule()
+    assert [s.seq.request_id for s in out.scheduled] == ["first"]
+    sched.postprocess(out, [6])
+    sched.abort("too-big")
+    sched.add(seq("fits", 6))  # leaves 2 blocks free after first's next decode block
+    out = sched.schedule()
+    assert [s.seq.request_id for s in out.scheduled] == ["first", "fits"]
