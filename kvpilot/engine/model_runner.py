@@ -42,10 +42,9 @@ class ModelRunner:
         self.dtype = pick_dtype(config.dtype, model_config.torch_dtype, self.device)
         self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else DTYPES[config.kv_cache_dtype]
         self.block_size = config.block_size
-        torch.set_default_dtype(torch.float32)
-        with torch.device("meta"):
-            model = build_model(model_config)
-        self.model = model.to_empty(device=self.device).to(self.dtype)
+        with torch.device("meta"):  # no memory until the target device, already in the target dtype
+            model = build_model(model_config).to(self.dtype)
+        self.model = model.to_empty(device=self.device)
         self.model.tie_weights()
         self._restore_buffers()
         load_weights(self.model, config.model, config.weight_sha256, config.show_progress)
