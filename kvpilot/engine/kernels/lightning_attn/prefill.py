@@ -80,6 +80,7 @@ def lightning_prefill_triton(
     slot_ids: torch.Tensor,
     chunk: int = 64,
     block_v: int = 64,
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """Packed varlen q, k [T, H, Dk], v [T, H, Dv] from state_pool[slot_ids[b]] (fp32 [slots, H, Dk, Dv],
     updated in place; slot -1 skips a sequence and leaves its rows zero) -> o [T, H, Dv]."""
@@ -108,5 +109,6 @@ def lightning_prefill_triton(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         state_pool.stride(0), state_pool.stride(1), state_pool.stride(2),
         DK=dk, DV=dv, BLOCK_K=max(16, triton.next_power_of_2(dk)), BLOCK_V=block_v, CHUNK=chunk,
+        num_warps=num_warps,
     )
     return out

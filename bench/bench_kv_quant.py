@@ -1,0 +1,125 @@
+"""Paged GQA decode attention over bf16 vs int8 vs fp8 KV caches (Llama-3-8B attention shapes).
+
+    PYTHONPATH=. python3 bench/bench_kv_quant.py [--json PATH]
+
+32 query / 8 KV heads, head dim 128, block size 16, shuffled block tables, random data. The same
+kernel (kv_quant.decode) runs all three caches (16-bit: no scales), so only the cache format
+differs; the kernels engineer's bf16 paged_decode runs beside it when importable. GB/s counts the
+bytes the kernel must read: K/V (+ int8 scales) of every context token, plus q and the output.
+Each case is first checked against the fp32 reference on the same quantised cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from triton.testing import do_bench
+
+from kvpilot.engine.kernels.kv_quant import reference as ref
+from kvpilot.engine.kernels.kv_quant.decode import paged_attention_decode_quant_triton
+
+HQ, HKV, D, PAGE, LAYERS = 32, 8, 128, 16, 32
+SHAPES = [(64, 1024), (64, 8192)]
+
+
+def make_cache(batch: int, ctx: int, mode: str, gen: torch.Generator):
+    blocks_per_seq = ctx // PAGE
+    num_blocks = batch * blocks_per_seq
+    tables = torch.randperm(num_blocks, generator=gen).to(torch.int32).view(batch, blocks_per_seq).cuda()
+    shape = (num_blocks, PAGE, HKV, D)
+    k16 = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    v16 = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    if mode == "bf16":
+        return k16, v16, None, None, tables
+    if mode == "int8":
+        kq, ks = ref.quantize_int8(k16.view(-1, HKV, D))
+        vq, vs = ref.quantize_int8(v16.view(-1, HKV, D))
+        return kq.view(shape), vq.view(shape), ks.view(shape[:3]), vs.view(shape[:3]), tables
+    ks = ref.calibrate_fp8_scale(k16.view(-1, HKV, D)[:4096])
+    vs = ref.calibrate_fp8_scale(v16.view(-1, HKV, D)[:4096])
+    kq = ref.quantize_fp8(k16.view(-1, HKV, D), ks).view(shape)
+    vq = ref.quantize_fp8(v16.view(-1, HKV, D), vs).view(shape)
+    return kq, vq, ks, vs, tables
+
+
+def check(q, k, v, ks, vs, tables, ctx_lens) -> float:
+    """Relative error of the kernel against the fp32 reference on the same cache (first 2 sequences)."""
+    sub = slice(0, 2)
+    got = paged_attention_decode_quant_triton(q[sub], k, v, ks, vs, tables[sub], ctx_lens[sub], D**-0.5)
+    if ks is None:
+        want = _dense_reference(q[sub], k, v, tables[sub], ctx_lens[sub])
+    else:
+        want = ref.paged_attention_decode_quant_reference(
+            q[sub].float(), k, v, ks, vs, tables[sub], ctx_lens[sub], D**-0.5
+        )
+    return float((got.float() - want).norm() / want.norm())
+
+
+def _dense_reference(q, k, v, tables, ctx_lens):
+    out = []
+    for b, n in enumerate(ctx_lens.tolist()):
+        ids = tables[b, : n // PAGE].long()
+        out.append(ref.attend_fp32(q[b].float(), k[ids].reshape(-1, HKV, D)[:n], v[ids].reshape(-1, HKV, D)[:n], D**-0.5))
+    return torch.stack(out)
+
+
+def bench_case(batch: int, ctx: int, mode: str, gen: torch.Generator, base_decode) -> list[dict]:
+    """Time one cache format (and the base bf16 kernel beside the bf16 case); returns table rows."""
+    k, v, ks, vs, tables = make_cache(batch, ctx, mode, gen)
+    q = torch.randn(batch, HQ, D, device="cuda", dtype=torch.bfloat16)
+    ctx_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    err = check(q, k, v, ks, vs, tables, ctx_lens)
+    kv_bytes = 2 * batch * ctx * HKV * D * k.element_size()
+    scale_bytes = 2 * batch * ctx * HKV * ks.element_size() if mode == "int8" else 0
+    total = kv_bytes + scale_bytes + 2 * q.numel() * q.element_size()
+    kernels = [(f"kv_quant.decode[{mode}]", lambda: paged_attention_decode_quant_triton(
+        q, k, v, ks, vs, tables, ctx_lens, D**-0.5), err)]
+    if mode == "bf16" and base_decode is not None:
+        kernels.append(("paged_decode (base kernel, bf16)", lambda: base_decode(q, k, v, tables, ctx_lens, D**-0.5),
+                        float("nan")))
+    rows = []
+    for name, fn, rel in kernels:
+        try:
+            ms = do_bench(fn, warmup=25, rep=200)
+        except Exception as exc:
+            print(f"{name} failed: {exc!r}")
+            continue
+        rows.append({"kernel": name, "mode": mode, "batch": batch, "ctx": ctx, "us": ms * 1e3,
+                     "GB/s": total / ms / 1e6, "rel_err_vs_ref": rel,
+                     "attn_tok_s_32_layers": batch / (LAYERS * ms * 1e-3)})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    gen = torch.Generator().manual_seed(0)
+    print(f"device: {torch.cuda.get_device_name()}")
+    try:
+        from kvpilot.engine.kernels.paged_decode.launcher import paged_attention_decode_triton as base_decode
+    except Exception as exc:  # the base kernel is another engineer's work in progress
+        base_decode = None
+        print(f"base paged_decode not importable: {exc!r}")
+    rows = []
+    for batch, ctx in SHAPES:
+        for mode in ("bf16", "int8", "fp8"):
+            rows += bench_case(batch, ctx, mode, gen, base_decode)
+            torch.cuda.empty_cache()
+    print("| kernel | batch | ctx | us | GB/s | speedup vs bf16 (same kernel) | attn tok/s (32 layers) | rel err vs ref |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        bf16 = next(x["us"] for x in rows if x["kernel"] == "kv_quant.decode[bf16]" and x["ctx"] == r["ctx"])
+        print(f"| {r['kernel']} | {r['batch']} | {r['ctx']} | {r['us']:.1f} | {r['GB/s']:.0f} | "
+              f"{bf16 / r['us']:.2f}x | {r['attn_tok_s_32_layers']:.0f} | {r['rel_err_vs_ref']:.1e} |")
+    bytes_per_token = {"bf16": 2 * LAYERS * HKV * D * 2, "int8": 2 * LAYERS * HKV * (D + 4), "fp8": 2 * LAYERS * HKV * D}
+    print(f"KV bytes per token (Llama-3-8B, 32 layers): {bytes_per_token}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "bytes_per_token": bytes_per_token}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
