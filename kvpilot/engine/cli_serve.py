@@ -21,7 +21,9 @@ DEFAULT_CPU_MEMORY_BUDGET = "256MiB"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, type=Path, help="HF-format model directory")
-    parser.add_argument("--served-model-name", help="name clients pass as `model` (default: the directory name)")
+    parser.add_argument(
+        "--served-model-name", help="name clients pass as `model` (default: the directory name)"
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--stats-host", default="127.0.0.1", help="the stats feed binds here (sidecar only)")
@@ -30,13 +32,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"))
     engine.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     engine.add_argument("--max-num-seqs", type=int, default=64, help="sequences running at once")
-    engine.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens per step (prefill budget)")
-    engine.add_argument("--max-model-len", type=int, help="prompt + output tokens at most (default: config.json)")
+    engine.add_argument(
+        "--max-num-batched-tokens", type=int, default=2048, help="tokens per step (prefill budget)"
+    )
+    engine.add_argument(
+        "--max-model-len", type=int, help="prompt + output tokens at most (default: config.json)"
+    )
     engine.add_argument("--block-size", type=int, default=16)
-    engine.add_argument("--num-kv-blocks", type=int, help="KV pool size in blocks (default: from the capacity plan)")
+    engine.add_argument(
+        "--num-kv-blocks", type=int, help="KV pool size in blocks (default: from the capacity plan)"
+    )
     engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     engine.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
-    engine.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"))
+    engine.add_argument(
+        "--kv-cache-dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16")
+    )
     engine.add_argument("--attention", default="native", help="memory strategy (native)")
     plan = parser.add_argument_group("capacity plan")
     plan.add_argument("--kv-watermark", type=float, default=0.8, help="share of free memory for the KV pool")
@@ -48,15 +58,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     api = parser.add_argument_group("API")
     api.add_argument("--strategy-name", help="X-Model-Strategy value (default: from the engine config)")
     api.add_argument("--max-queue", type=int, default=256, help="requests waiting beyond max-num-seqs")
-    api.add_argument("--idempotency-ttl", type=float, default=600.0, help="seconds an Idempotency-Key is kept")
+    api.add_argument(
+        "--idempotency-ttl", type=float, default=600.0, help="seconds an Idempotency-Key is kept"
+    )
     api.add_argument("--idempotency-max-keys", type=int, default=10_000)
     api.add_argument("--no-warmup", action="store_true", help="skip the start-up warm-up")
-    api.add_argument("--shutdown-grace", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM")
+    api.add_argument(
+        "--shutdown-grace", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
+    )
     api.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         config, settings, plan_text = _prepare(args)
     except (OSError, ValueError) as exc:

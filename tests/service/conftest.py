@@ -78,7 +78,9 @@ class ServerProcess:
         response.raise_for_status()
         return response.json()
 
-    def wait_stats(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 10.0) -> dict[str, Any]:
+    def wait_stats(
+        self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 10.0
+    ) -> dict[str, Any]:
         """Poll the stats feed until `predicate` holds; returns that snapshot (or fails with the last)."""
         deadline = time.monotonic() + timeout
         snapshot = self.stats()
@@ -117,7 +119,9 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def start_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., ServerProcess]]:
+def start_server(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., ServerProcess]]:
     """Factory: start a `kvpilot serve` with extra flags; every server started is stopped at the end."""
     started: list[ServerProcess] = []
     logs = tmp_path_factory.mktemp("server-logs")

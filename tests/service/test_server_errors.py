@@ -30,7 +30,9 @@ def _rejected(server: ServerProcess) -> dict[str, int]:
 
 def test_prompt_plus_max_tokens_over_the_limit_is_400_with_both_numbers(server: ServerProcess) -> None:
     before = _rejected(server)["too_long"]
-    response = _post(server, "/v1/completions", {"model": SERVED_MODEL, "prompt": "hello there", "max_tokens": 256})
+    response = _post(
+        server, "/v1/completions", {"model": SERVED_MODEL, "prompt": "hello there", "max_tokens": 256}
+    )
     error = _error(response, 400)
     prompt_tokens = int(error["message"].split("the prompt has ")[1].split()[0])
     assert prompt_tokens > 0
@@ -53,7 +55,11 @@ def test_prompt_alone_over_the_limit_is_400(server: ServerProcess) -> None:
     [
         ({"model": SERVED_MODEL}, "prompt", "Field required"),
         ({"model": SERVED_MODEL, "prompt": "x", "max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
-        ({"model": SERVED_MODEL, "prompt": "x", "temperature": 3.5}, "temperature", "less than or equal to 2"),
+        (
+            {"model": SERVED_MODEL, "prompt": "x", "temperature": 3.5},
+            "temperature",
+            "less than or equal to 2",
+        ),
         ({"model": SERVED_MODEL, "prompt": "x", "top_p": 0}, "top_p", "greater than 0"),
         ({"model": SERVED_MODEL, "prompt": "x", "stream": "sometimes"}, "stream", "boolean"),
         ({"prompt": "x"}, "model", "Field required"),
@@ -78,7 +84,9 @@ def test_malformed_chat_messages_is_422_naming_the_field(server: ServerProcess) 
 
 def test_invalid_json_is_422(server: ServerProcess) -> None:
     response = httpx.post(
-        server.base_url + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"}
+        server.base_url + "/v1/completions",
+        content=b"{not json",
+        headers={"content-type": "application/json"},
     )
     assert "not valid JSON" in _error(response, 422)["message"]
 
@@ -94,7 +102,9 @@ def test_invalid_json_is_422(server: ServerProcess) -> None:
         ("/v1/completions", {"presence_penalty": 0.5}, "presence_penalty", "omit it or send 0"),
     ],
 )
-def test_unsupported_options_are_400(server: ServerProcess, path: str, extra: dict, param: str, text: str) -> None:
+def test_unsupported_options_are_400(
+    server: ServerProcess, path: str, extra: dict, param: str, text: str
+) -> None:
     base = {"prompt": "x"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "x"}]}
     error = _error(_post(server, path, {"model": SERVED_MODEL, **base, **extra}), 400)
     assert error["param"] == param and text in error["message"], error

@@ -14,7 +14,13 @@ from tests.service.conftest import SERVED_MODEL, STRATEGY, ServerProcess
 pytestmark = pytest.mark.service
 
 # temperature 1 with no seed: two independent generations would almost surely differ.
-BODY = {"model": SERVED_MODEL, "prompt": "Idempotent retries", "max_tokens": 24, "temperature": 1.0, "ignore_eos": True}
+BODY = {
+    "model": SERVED_MODEL,
+    "prompt": "Idempotent retries",
+    "max_tokens": 24,
+    "temperature": 1.0,
+    "ignore_eos": True,
+}
 
 
 def _key() -> dict[str, str]:
@@ -57,7 +63,10 @@ async def test_concurrent_same_key_runs_one_generation(server: ServerProcess) ->
     before = server.stats()["requests"]
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
         responses = await asyncio.gather(
-            *(client.post("/v1/completions", json={**BODY, "max_tokens": 64}, headers=headers) for _ in range(4))
+            *(
+                client.post("/v1/completions", json={**BODY, "max_tokens": 64}, headers=headers)
+                for _ in range(4)
+            )
         )
     assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
     bodies = [r.json() for r in responses]
@@ -86,6 +95,8 @@ async def test_streaming_retry_replays_identical_chunks(server: ServerProcess) -
 
 
 def test_bad_key_is_400(server: ServerProcess) -> None:
-    response = httpx.post(server.base_url + "/v1/completions", json=BODY, headers={"Idempotency-Key": "k" * 300})
+    response = httpx.post(
+        server.base_url + "/v1/completions", json=BODY, headers={"Idempotency-Key": "k" * 300}
+    )
     assert response.status_code == 400
     assert "Idempotency-Key must be 1-255 printable characters" in response.json()["error"]["message"]

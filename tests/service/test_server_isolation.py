@@ -52,7 +52,9 @@ def real_engine(tiny_model: Path) -> Any:
     from kvpilot.engine.config import EngineConfig
     from kvpilot.engine.llm_engine import LLMEngine
 
-    return LLMEngine(EngineConfig(model=str(tiny_model), num_kv_blocks=128, max_model_len=256, show_progress=False))
+    return LLMEngine(
+        EngineConfig(model=str(tiny_model), num_kv_blocks=128, max_model_len=256, show_progress=False)
+    )
 
 
 @pytest.fixture
@@ -96,7 +98,9 @@ async def test_not_ready_until_loaded_and_warmed_up(runtime: ServerRuntime, gate
         assert refused.status_code == 503 and refused.headers["Retry-After"] == "5"
         error = refused.json()["error"]
         assert "not ready: the model weights are loading" in error["message"] and error["code"] == "not_ready"
-        assert (await client.post("/v1/score", json={"model": MODEL, "prompt": "a", "continuation": "b"})).status_code == 503
+        assert (
+            await client.post("/v1/score", json={"model": MODEL, "prompt": "a", "continuation": "b"})
+        ).status_code == 503
 
         gate.set()
         assert await asyncio.to_thread(runtime.wait_loaded, 120)
@@ -106,7 +110,9 @@ async def test_not_ready_until_loaded_and_warmed_up(runtime: ServerRuntime, gate
         assert served.status_code == 200, served.text
 
 
-async def test_one_failing_request_does_not_disturb_the_others(runtime: ServerRuntime, gate: threading.Event) -> None:
+async def test_one_failing_request_does_not_disturb_the_others(
+    runtime: ServerRuntime, gate: threading.Event
+) -> None:
     gate.set()
     assert await asyncio.to_thread(runtime.wait_loaded, 120)
     async with _client(runtime) as client:
@@ -123,7 +129,10 @@ async def test_one_failing_request_does_not_disturb_the_others(runtime: ServerRu
         again = await client.post("/v1/completions", json=_completion([5, 6, 8], max_tokens=40))
         assert again.json()["choices"][0]["text"] == healthy.json()["choices"][0]["text"]
         stats = await asyncio.wrap_future(runtime.loop.call(lambda e: e.stats()))
-        assert stats["requests"]["rejected_total"]["internal_error"] == before["rejected_total"]["internal_error"] + 1
+        assert (
+            stats["requests"]["rejected_total"]["internal_error"]
+            == before["rejected_total"]["internal_error"] + 1
+        )
 
 
 async def test_engine_loop_survives_a_failing_step(runtime: ServerRuntime, gate: threading.Event) -> None:

@@ -13,7 +13,13 @@ from tests.service.conftest import SERVED_MODEL, STRATEGY, ServerProcess
 
 pytestmark = pytest.mark.service
 
-LONG = {"model": SERVED_MODEL, "prompt": "hold the engine", "max_tokens": 120, "stream": True, "ignore_eos": True}
+LONG = {
+    "model": SERVED_MODEL,
+    "prompt": "hold the engine",
+    "max_tokens": 120,
+    "stream": True,
+    "ignore_eos": True,
+}
 
 
 @pytest.fixture(scope="module")
@@ -29,14 +35,16 @@ async def _drain(response: httpx.Response) -> list[str]:
 
 
 async def test_full_queue_is_429_with_retry_after(small: ServerProcess) -> None:
-    async with httpx.AsyncClient(base_url=small.base_url, timeout=120) as client:
-        async with client.stream("POST", "/v1/completions", json=LONG) as running:
-            assert running.status_code == 200
-            async with client.stream("POST", "/v1/completions", json=LONG) as queued:
-                assert queued.status_code == 200  # accepted into the queue: headers come at once
-                rejected = await client.post("/v1/completions", json={**LONG, "stream": False})
-                queued_lines = await _drain(queued)
-            running_lines = await _drain(running)
+    async with (
+        httpx.AsyncClient(base_url=small.base_url, timeout=120) as client,
+        client.stream("POST", "/v1/completions", json=LONG) as running,
+    ):
+        assert running.status_code == 200
+        async with client.stream("POST", "/v1/completions", json=LONG) as queued:
+            assert queued.status_code == 200  # accepted into the queue: headers come at once
+            rejected = await client.post("/v1/completions", json={**LONG, "stream": False})
+            queued_lines = await _drain(queued)
+        running_lines = await _drain(running)
     assert rejected.status_code == 429, rejected.text
     assert rejected.headers["Retry-After"] == "1"
     assert rejected.headers["X-Model-Strategy"] == STRATEGY
@@ -51,17 +59,19 @@ async def test_full_queue_is_429_with_retry_after(small: ServerProcess) -> None:
 
 
 async def test_sigterm_drains_in_flight_streams_and_exits_0(small: ServerProcess) -> None:
-    async with httpx.AsyncClient(base_url=small.base_url, timeout=120) as client:
-        async with client.stream("POST", "/v1/completions", json=LONG) as response:
-            assert response.status_code == 200
-            lines = []
-            async for line in response.aiter_lines():
-                if line:
-                    lines.append(line)
-                if len(lines) == 2:
-                    small.proc.send_signal(signal.SIGTERM)
-                    await asyncio.sleep(0.3)
-                    with pytest.raises(httpx.HTTPError):  # the listener is closed: no new work
-                        await client.post("/v1/completions", json={**LONG, "stream": False})
-            assert lines[-1] == "data: [DONE]", "the in-flight stream was cut instead of drained"
+    async with (
+        httpx.AsyncClient(base_url=small.base_url, timeout=120) as client,
+        client.stream("POST", "/v1/completions", json=LONG) as response,
+    ):
+        assert response.status_code == 200
+        lines = []
+        async for line in response.aiter_lines():
+            if line:
+                lines.append(line)
+            if len(lines) == 2:
+                small.proc.send_signal(signal.SIGTERM)
+                await asyncio.sleep(0.3)
+                with pytest.raises(httpx.HTTPError):  # the listener is closed: no new work
+                    await client.post("/v1/completions", json={**LONG, "stream": False})
+        assert lines[-1] == "data: [DONE]", "the in-flight stream was cut instead of drained"
     assert await asyncio.to_thread(small.proc.wait, 60) == 0

@@ -50,7 +50,9 @@ def test_completion_default_max_tokens_is_16(client: openai.OpenAI) -> None:
 
 
 def test_completion_streaming_matches_non_streaming_greedy(client: openai.OpenAI) -> None:
-    whole = client.completions.create(model=SERVED_MODEL, prompt=PROMPT, max_tokens=20, temperature=0, extra_body=LONG)
+    whole = client.completions.create(
+        model=SERVED_MODEL, prompt=PROMPT, max_tokens=20, temperature=0, extra_body=LONG
+    )
     stream = client.completions.create(
         model=SERVED_MODEL,
         prompt=PROMPT,
@@ -88,9 +90,17 @@ def test_chat_non_streaming(client: openai.OpenAI) -> None:
 
 def test_chat_streaming_with_and_without_usage(client: openai.OpenAI) -> None:
     messages = [{"role": "user", "content": "Count to three"}]
-    kwargs = {"model": SERVED_MODEL, "messages": messages, "max_tokens": 10, "temperature": 0, "extra_body": LONG}
+    kwargs = {
+        "model": SERVED_MODEL,
+        "messages": messages,
+        "max_tokens": 10,
+        "temperature": 0,
+        "extra_body": LONG,
+    }
     whole = client.chat.completions.create(**kwargs)
-    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    chunks = list(
+        client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs)
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
@@ -116,7 +126,13 @@ def test_sse_wire_format(server: ServerProcess) -> None:
 
 
 def test_seed_makes_sampling_repeatable(client: openai.OpenAI) -> None:
-    kwargs = {"model": SERVED_MODEL, "prompt": PROMPT, "max_tokens": 16, "temperature": 1.0, "extra_body": LONG}
+    kwargs = {
+        "model": SERVED_MODEL,
+        "prompt": PROMPT,
+        "max_tokens": 16,
+        "temperature": 1.0,
+        "extra_body": LONG,
+    }
     first = client.completions.create(seed=1234, **kwargs).choices[0].text
     again = client.completions.create(seed=1234, **kwargs).choices[0].text
     assert first == again
@@ -125,7 +141,9 @@ def test_seed_makes_sampling_repeatable(client: openai.OpenAI) -> None:
 
 
 def test_stop_sequence_ends_text_and_is_not_returned(client: openai.OpenAI) -> None:
-    base = client.completions.create(model=SERVED_MODEL, prompt=PROMPT, max_tokens=24, temperature=0, extra_body=LONG)
+    base = client.completions.create(
+        model=SERVED_MODEL, prompt=PROMPT, max_tokens=24, temperature=0, extra_body=LONG
+    )
     text = base.choices[0].text
     stop = next((text[i : i + 2] for i in range(2, len(text) - 2) if text[i : i + 2].strip()), None)
     if stop is None:
@@ -136,7 +154,9 @@ def test_stop_sequence_ends_text_and_is_not_returned(client: openai.OpenAI) -> N
         if streamed:
             chunks = list(client.completions.create(stream=True, extra_body=LONG, **kwargs))
             got = "".join(c.choices[0].text for c in chunks if c.choices)
-            reason = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason][-1]
+            reason = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason][
+                -1
+            ]
         else:
             result = client.completions.create(extra_body=LONG, **kwargs)
             got, reason = result.choices[0].text, result.choices[0].finish_reason

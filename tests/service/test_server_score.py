@@ -19,7 +19,9 @@ def engine(tiny_model: Path):
     from kvpilot.engine.config import EngineConfig
     from kvpilot.engine.llm_engine import LLMEngine
 
-    return LLMEngine(EngineConfig(model=str(tiny_model), num_kv_blocks=64, max_model_len=256, show_progress=False))
+    return LLMEngine(
+        EngineConfig(model=str(tiny_model), num_kv_blocks=64, max_model_len=256, show_progress=False)
+    )
 
 
 def test_score_returns_the_engines_log_probabilities(server: ServerProcess, engine) -> None:
@@ -75,7 +77,11 @@ def test_score_errors(server: ServerProcess) -> None:
     assert too_long.status_code == 400
     message = too_long.json()["error"]["message"]
     assert "exceed this model's maximum context length of 256 tokens" in message
-    empty = httpx.post(server.base_url + "/v1/score", json={"model": SERVED_MODEL, "prompt": "x", "continuation": ""})
+    empty = httpx.post(
+        server.base_url + "/v1/score", json={"model": SERVED_MODEL, "prompt": "x", "continuation": ""}
+    )
     assert empty.status_code == 422 and empty.json()["error"]["param"] == "continuation"
-    wrong = httpx.post(server.base_url + "/v1/score", json={"model": "other", "prompt": "x", "continuation": "y"})
+    wrong = httpx.post(
+        server.base_url + "/v1/score", json={"model": "other", "prompt": "x", "continuation": "y"}
+    )
     assert wrong.status_code == 404

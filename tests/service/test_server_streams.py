@@ -23,25 +23,33 @@ LONG_STREAM = {
 
 
 def _idle(stats: dict) -> bool:
-    return stats["kv"]["blocks_used"] == 0 and stats["requests"]["running"] == 0 and stats["requests"]["waiting"] == 0
+    return (
+        stats["kv"]["blocks_used"] == 0
+        and stats["requests"]["running"] == 0
+        and stats["requests"]["waiting"] == 0
+    )
 
 
 async def test_disconnect_mid_stream_aborts_and_frees_blocks(server: ServerProcess) -> None:
     before = server.wait_stats(_idle)
-    async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
-        async with client.stream("POST", "/v1/completions", json=LONG_STREAM) as response:
-            assert response.status_code == 200
-            received = 0
-            async for line in response.aiter_lines():
-                if line.startswith("data: {"):
-                    received += 1
-                if received == 3:
-                    break
-            during = server.stats()
-            assert during["kv"]["blocks_used"] >= 1
-            assert during["requests"]["running"] == 1
+    async with (
+        httpx.AsyncClient(base_url=server.base_url, timeout=60) as client,
+        client.stream("POST", "/v1/completions", json=LONG_STREAM) as response,
+    ):
+        assert response.status_code == 200
+        received = 0
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                received += 1
+            if received == 3:
+                break
+        during = server.stats()
+        assert during["kv"]["blocks_used"] >= 1
+        assert during["requests"]["running"] == 1
         # leaving the block closes the connection with the stream unfinished
-    after = server.wait_stats(lambda s: s["requests"]["aborted_total"] > before["requests"]["aborted_total"], 5)
+    after = server.wait_stats(
+        lambda s: s["requests"]["aborted_total"] > before["requests"]["aborted_total"], 5
+    )
     after = server.wait_stats(_idle, 5)
     assert after["requests"]["aborted_total"] == before["requests"]["aborted_total"] + 1
     assert after["requests"]["finished_total"] == before["requests"]["finished_total"]
@@ -94,5 +102,8 @@ async def test_64_concurrent_streams_finish_without_error_or_leaked_blocks(serve
     assert after["kv"]["blocks_used"] == 0
     assert after["kv"]["blocks_free"] == after["kv"]["blocks_total"]
     assert after["requests"]["finished_total"] == before["requests"]["finished_total"] + n
-    assert after["requests"]["generation_tokens_total"] == before["requests"]["generation_tokens_total"] + n * max_tokens
+    assert (
+        after["requests"]["generation_tokens_total"]
+        == before["requests"]["generation_tokens_total"] + n * max_tokens
+    )
     assert after["requests"]["aborted_total"] == before["requests"]["aborted_total"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse, Response
 
 from kvpilot.engine.server.completions import serve_completion
@@ -38,13 +38,29 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+# Read by serve_completion from the request; declared here so the OpenAPI schema documents it.
+_IDEMPOTENCY = Header(
+    default=None,
+    alias="Idempotency-Key",
+    description="Retry-safe key: the same key and body return the same completion (or join it in flight).",
+)
+
+
 def _stream_doc(model: type) -> dict[int | str, dict[str, Any]]:
     return {
         200: {
             "description": "the completion; with stream=true a text/event-stream of `data: <chunk>` "
             "lines ending with `data: [DONE]`",
             "content": {
-                "text/event-stream": {"schema": {"type": "string", "description": model.__name__ + " chunks"}}
+                "text/event-stream": {
+                    "schema": {
+                        "type": "object",
+                        "description": f"one server-sent event: `data` holds a JSON {model.__name__}, "
+                        "an error object, or `[DONE]` at the end",
+                        "required": ["data"],
+                        "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+                    }
+                }
             },
         },
         **_ERRORS,
@@ -58,12 +74,16 @@ def _runtime(request: Request) -> ServerRuntime:
 @router.post(
     "/v1/chat/completions", response_model=ChatCompletion, responses=_stream_doc(ChatCompletionChunk)
 )
-async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+async def chat_completions(
+    body: ChatCompletionRequest, request: Request, idempotency_key: str | None = _IDEMPOTENCY
+) -> Response:
     return await serve_completion(request, _runtime(request), body)
 
 
 @router.post("/v1/completions", response_model=Completion, responses=_stream_doc(Completion))
-async def completions(body: CompletionRequest, request: Request) -> Response:
+async def completions(
+    body: CompletionRequest, request: Request, idempotency_key: str | None = _IDEMPOTENCY
+) -> Response:
     return await serve_completion(request, _runtime(request), body)
 
 
