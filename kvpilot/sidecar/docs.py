@@ -53,6 +53,9 @@ def metrics_markdown() -> str:
         "- Memory is one gauge per component, not `kvpilot_memory_bytes{component}`: the components nest "
         "(kv_used in kv_pool, torch_allocated in torch_reserved), so a sum over a component label "
         "would double count.",
+        "- `promtool check metrics` from Prometheus 2.42 (Debian 12) flags the three "
+        "`kvpilot_summary_cache_*` names for containing the word \"summary\"; that lint was a false "
+        "positive fixed upstream (prometheus/client_golang#1453), and the names are the design's.",
         "",
         "| name | type | unit | labels | meaning | source |",
         "|---|---|---|---|---|---|",

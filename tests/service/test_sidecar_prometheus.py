@@ -41,6 +41,7 @@ KVPILOT = [sys.executable, "-m", "kvpilot.cli"]
 # "summary" (prometheus/client_golang#1453, fixed upstream in #1455 to flag only the metric's own
 # type). The mission metric names come from DESIGN.md and keep the word.
 REQUESTS = 16
+MAX_ROUNDS = 4
 PROMTOOL_FALSE_POSITIVE = "metric name should not include type 'summary'"
 
 
@@ -73,7 +74,7 @@ class Proc:
 
 
 def start(args: list[str], log: Path, ready_url: str, timeout: float = 120.0) -> Proc:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     with open(log, "ab") as out:
         process = subprocess.Popen([*KVPILOT, *args], stdout=out, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, env=env)
@@ -117,11 +118,11 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """Engine and sidecar processes of our own (tests/service/conftest.py's `tiny_model` checkpoint):
+    the engine is killed and restarted on the same ports, which the shared server fixture cannot do."""
     workdir = tmp_path_factory.mktemp("sidecar-service")
-    model = workdir / "tiny-llama"
-    subprocess.run([*KVPILOT, "make-model", str(model), "--size", "tiny"], check=True, capture_output=True)
-    s = Stack(model, free_port(), free_port(), free_port(), workdir)
+    s = Stack(tiny_model, free_port(), free_port(), free_port(), workdir)
     try:
         s.start_engine()
         s.sidecar = start(
@@ -195,17 +196,24 @@ def test_prometheus_sees_what_the_engine_reports(stack: Stack, prometheus):  # n
     stop = threading.Event()
     poller = threading.Thread(target=poll_feed, args=(stack, stop), daemon=True)
     poller.start()
+    statuses: list[int] = []
     try:
-        statuses = run_load(stack.api_port, requests=REQUESTS, concurrency=8)
+        # Rounds of concurrent completions until at least two scrapes saw live sequences (a fast
+        # machine finishes a round between two scrapes), at most MAX_ROUNDS.
+        for _ in range(MAX_ROUNDS):
+            statuses += run_load(stack.api_port, requests=REQUESTS, concurrency=8)
+            seen = prom.samples("kvpilot_kv_cache_efficiency", f"{int(time.time() - load_start) + 5}s")
+            if seen and len(seen[0][1]) >= 2:
+                break
     finally:
         stop.set()
         poller.join(timeout=10)
-    assert statuses == [200] * REQUESTS
-    print(f"load: {time.time() - load_start:.1f} s, {len(stack.feed_log)} feed polls")
+    assert statuses and set(statuses) == {200}
+    print(f"load: {len(statuses)} requests in {time.time() - load_start:.1f} s, {len(stack.feed_log)} feed polls")
 
     feed = settled_feed(stack, prom)
     print(f"settled after {time.time() - load_start:.1f} s")
-    assert feed["requests"]["finished_total"] >= REQUESTS
+    assert feed["requests"]["finished_total"] >= len(statuses)
 
     def value(promql: str) -> float | None:
         return prom.value(promql)

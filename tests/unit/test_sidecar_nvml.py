@@ -89,3 +89,15 @@ def test_the_real_library_without_a_driver_does_not_crash():
     collector = NvmlCollector()
     names = {f.name for f in collector.collect()}
     assert "kvpilot_gpu_available" in names
+
+
+@pytest.mark.gpu
+def test_real_nvml_on_a_gpu_machine():
+    collector = NvmlCollector()
+    r = collector.read().samples
+    assert r["kvpilot_gpu_available"] == {(): 1.0}
+    for (index, uuid), total in r["kvpilot_gpu_memory_total_bytes"].items():
+        assert uuid.startswith("GPU-") and index.isdigit()
+        assert 0 < r["kvpilot_gpu_memory_used_bytes"][(index, uuid)] <= total
+        assert 0 <= r["kvpilot_gpu_utilization_ratio"][(index, uuid)] <= 1
+        assert 0 < r["kvpilot_gpu_temperature_celsius"][(index, uuid)] < 120
