@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from kvpilot.engine.block_manager import BlockManager
@@ -31,7 +31,9 @@ def make_scheduler(num_blocks=32, block_size=4, max_num_seqs=4, budget=16, chunk
 
 
 def seq(name: str, n: int, max_tokens: int = 4, base: int = 1) -> Sequence:
-    return Sequence(name, [base + (i % 50) for i in range(n)], SamplingParams(temperature=0, max_tokens=max_tokens))
+    return Sequence(
+        name, [base + (i % 50) for i in range(n)], SamplingParams(temperature=0, max_tokens=max_tokens)
+    )
 
 
 def run_step(sched: Scheduler, rng: random.Random) -> list[Sequence]:
@@ -41,7 +43,10 @@ def run_step(sched: Scheduler, rng: random.Random) -> list[Sequence]:
     sampled = [rng.randint(1, 60) if s.samples else None for s in out.scheduled]
     for s in out.scheduled:
         assert s.num_new_tokens >= 1
-        assert len(s.seq.block_table) * sched.block_manager.block_size >= s.seq.num_computed_tokens + s.num_new_tokens
+        assert (
+            len(s.seq.block_table) * sched.block_manager.block_size
+            >= s.seq.num_computed_tokens + s.num_new_tokens
+        )
     return sched.postprocess(out, sampled)
 
 
@@ -136,7 +141,11 @@ def test_prefix_hits_across_requests() -> None:
 
 
 ACTIONS = st.lists(
-    st.tuples(st.sampled_from(["add", "add", "step", "step", "step", "abort"]), st.integers(1, 40), st.integers(0, 3)),
+    st.tuples(
+        st.sampled_from(["add", "add", "step", "step", "step", "abort"]),
+        st.integers(1, 40),
+        st.integers(0, 3),
+    ),
     min_size=1,
     max_size=50,
 )
@@ -145,24 +154,29 @@ ACTIONS = st.lists(
 @settings(max_examples=120, deadline=None)
 @given(
     actions=ACTIONS,
-    num_blocks=st.integers(12, 40),
-    block_size=st.sampled_from([1, 4, 16]),
+    num_blocks=st.integers(4, 24),
+    block_size=st.sampled_from([1, 2, 4, 16]),
     budget=st.integers(1, 48),
     max_num_seqs=st.integers(1, 5),
     caching=st.booleans(),
+    chunked=st.booleans(),
     seed=st.integers(0, 1000),
 )
-def test_random_workload_never_leaks(actions, num_blocks, block_size, budget, max_num_seqs, caching, seed) -> None:
-    sched = make_scheduler(num_blocks, block_size, max_num_seqs, budget, chunked=True, caching=caching)
+def test_random_workload_never_leaks(
+    actions, num_blocks, block_size, budget, max_num_seqs, caching, chunked, seed
+) -> None:
+    sched = make_scheduler(num_blocks, block_size, max_num_seqs, budget, chunked=chunked, caching=caching)
     rng = random.Random(seed)
     everyone: list[Sequence] = []
     prefix = [rng.randint(1, 60) for _ in range(24)]
     for i, (action, length, variant) in enumerate(actions):
         if action == "add":
             length = min(length, num_blocks * block_size // 2)
+            if not chunked:
+                length = min(length, budget)
             tokens = (prefix if variant % 2 else [])[:length] + [rng.randint(1, 60) for _ in range(length)]
             tokens = tokens[:length]
-            s = Sequence(f"r{i}", tokens, SamplingParams(temperature=0, max_tokens=1 + variant * 3))
+            s = Sequence(f"r{i}", tokens, SamplingParams(temperature=0, max_tokens=1 + variant * 8))
             sched.add(s)
             everyone.append(s)
         elif action == "step":
@@ -176,6 +190,7 @@ def test_random_workload_never_leaks(actions, num_blocks, block_size, budget, ma
         run_step(sched, rng)
         check(sched, everyone)
     assert not sched.has_unfinished(), "requests starved"
+    event(f"preempted={sched.num_preemptions > 0}")
     assert sched.block_manager.num_free_blocks == num_blocks
     for s in everyone:
         assert s.is_finished
