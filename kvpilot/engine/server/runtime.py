@@ -173,13 +173,10 @@ class ServerRuntime:
 
 def engine_max_model_len(engine: Any) -> int:
     """The context limit the engine enforces (its config may leave it to config.json)."""
-    return int(getattr(engine, "max_model_len", None) or engine.config.max_model_len)
+    return int(engine.max_model_len)
 
 
 def _reset_engine_counters(engine: Any) -> None:
     # Warm-up requests are not traffic: their compile-time latencies must not reach the feed the
-    # rollout gates read. A fresh EngineStats also gets a new instance_id, which the sidecar
-    # treats as counters starting again.
-    state = getattr(engine, "stats_state", None)
-    if state is not None:
-        engine.stats_state = type(state)()
+    # rollout gates read. The reset gives a new instance_id, so the sidecar restarts its counters.
+    engine.reset_stats()
