@@ -18,8 +18,9 @@ _SHORT_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
 def resolve_device(device: str) -> str:
+    """`auto` -> `cuda` when a GPU is visible, else `cpu`; `cuda:N` stays as it is."""
     if device != "auto":
-        return "cuda" if device.startswith("cuda") else device
+        return device
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -39,10 +40,11 @@ def strategy_name(config: Any) -> str:
 
 
 def device_memory(device: str, cpu_budget_bytes: int) -> GpuSpec:
-    if device == "cuda":
+    if device.startswith("cuda"):
         import torch
 
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        index = int(device.split(":", 1)[1]) if ":" in device else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
         return GpuSpec(product=props.name.replace(" ", "-"), memory_bytes=int(props.total_memory))
     return GpuSpec(product="cpu-budget", memory_bytes=cpu_budget_bytes, cuda_context_bytes=0)
 
