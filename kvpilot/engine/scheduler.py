@@ -119,7 +119,7 @@ class Scheduler:
         while queue and budget > 0:
             seq = queue.pop(0)
             n = min(seq.num_uncomputed_tokens, budget)
-            if not self.enable_chunked_prefill and n < seq.num_uncomputed_tokens:
+            if n < seq.num_uncomputed_tokens and not self._may_chunk(seq):
                 kept.append(seq)
                 continue
             while not bm.can_append(seq, n):
@@ -141,7 +141,7 @@ class Scheduler:
             hits = bm.match_prefix(seq)
             remaining = len(seq) - len(hits) * bm.block_size
             n = min(remaining, budget)
-            if not self.enable_chunked_prefill and n < remaining:
+            if n < remaining and not self._may_chunk(seq):
                 break
             reserve = self.watermark_blocks if self.running else 0
             if not bm.can_allocate(seq, n, hits, reserve):
@@ -153,6 +153,11 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
         return out
+
+    def _may_chunk(self, seq: Sequence) -> bool:
+        # A preempted sequence recomputes prompt + output, which may exceed the token budget:
+        # it is always recomputed in chunks, or it could never run again.
+        return self.enable_chunked_prefill or seq.num_preemptions > 0
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.deallocate(seq)
