@@ -7,6 +7,7 @@ for it (there is no CUDA context there). The weights are the safetensors files' 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -71,12 +72,14 @@ def plan_for(config: Any, device: str, cpu_budget_bytes: int, watermark: float) 
     )
 
 
+_BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_UNITS.update({"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40})
+
+
 def parse_bytes(text: str) -> int:
     """`512MiB`, `2GiB`, `1.5G`, `1048576` -> bytes."""
-    units = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
-    value = text.strip().lower().removesuffix("b")
-    number = value.rstrip("kmgti")
-    unit = value[len(number) :]
-    if unit not in units or not number:
+    match = _BYTES_RE.match(text)
+    if not match:
         raise ValueError(f"{text!r} is not a byte size; write e.g. 268435456, 256MiB or 2GiB")
-    return int(float(number) * units[unit])
+    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
