@@ -82,6 +82,13 @@ async def serve_completion(
         except EngineFailure as exc:
             runtime.record_rejection("internal_error")
             raise APIError(500, f"internal error while generating: {exc}", code="internal_error") from exc
+        except (APIError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # e.g. detokenising this request's output: fail it alone
+            log.exception("request %s failed in the server", fmt.response_id)
+            runtime.record_rejection("internal_error")
+            message = f"internal error while serving this request: {type(exc).__name__}: {exc}"
+            raise APIError(500, message, code="internal_error") from exc
         finally:
             gen.abort()
 
@@ -139,7 +146,8 @@ async def _stream(result: ResultLog) -> AsyncIterator[str]:
     async for event in result.read():
         yield event
     if result.error is not None:
-        yield sse(error_body(result.error.status, result.error.message, code=result.error.code))
+        error = _client_visible(result.error)
+        yield sse(error_body(error.status, error.message, code=error.code))
 
 
 async def _ended_unless_disconnected(request: Request, result: ResultLog) -> bool:

@@ -70,6 +70,8 @@ class ServerRuntime:
         try:
             engine = self._factory()
             self.engine = engine
+            if self.state == "stopping":
+                return
             if self._warm_up is not None and self.settings.warmup:
                 self.state = "warming_up"
                 started = time.monotonic()
@@ -153,10 +155,9 @@ class ServerRuntime:
 
     def record_rejection(self, reason: str) -> None:
         """Count a rejection in the engine's feed, on the engine thread (the engine is not thread-safe)."""
+        # Before the loop runs (loading, warming up) there is no feed to count in yet.
         if self.loop is not None and self.loop.alive:
             self.loop.call(lambda engine: engine.record_rejection(reason))
-        elif self.engine is not None and self.state in ("loading", "warming_up", "failed"):
-            pass  # the engine thread does not run yet; nothing is counted before it serves
 
     async def stats(self) -> dict[str, Any] | None:
         """The engine's stats feed, taken on the engine thread between two steps."""
