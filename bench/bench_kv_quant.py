@@ -92,9 +92,50 @@ def bench_case(batch: int, ctx: int, mode: str, gen: torch.Generator, base_decod
     return rows
 
 
+SWEEP = [  # (block_n, num_splits, num_warps, num_stages); None = Triton's default stages
+    (64, 1, 4, None), (128, 1, 4, None), (128, 1, 8, None), (256, 1, 8, None), (64, 2, 4, None),
+    (128, 2, 4, None), (64, 4, 4, None), (64, 1, 4, 2), (128, 1, 4, 2), (128, 2, 8, 2),
+]
+
+
+def sweep_mode(batch: int, ctx: int, mode: str, gen: torch.Generator) -> list[dict]:
+    k, v, ks, vs, tables = make_cache(batch, ctx, mode, gen)
+    q = torch.randn(batch, HQ, D, device="cuda", dtype=torch.bfloat16)
+    ctx_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    total = 2 * batch * ctx * HKV * D * k.element_size() + (2 * batch * ctx * HKV * 4 if mode == "int8" else 0)
+    rows = []
+    for block_n, splits, warps, stages in SWEEP if mode != "bf16" else SWEEP[:3]:
+        try:
+            ms = do_bench(lambda n=block_n, s=splits, w=warps, st=stages: paged_attention_decode_quant_triton(
+                q, k, v, ks, vs, tables, ctx_lens, D**-0.5, num_splits=s, block_n=n, num_warps=w, num_stages=st),
+                warmup=10, rep=100)
+        except Exception as exc:
+            print(f"sweep {mode} {block_n, splits, warps, stages} failed: {type(exc).__name__}")
+            continue
+        rows.append({"mode": mode, "block_n": block_n, "splits": splits, "warps": warps, "stages": stages,
+                     "us": ms * 1e3, "GB/s": total / ms / 1e6})
+    return rows
+
+
+def sweep(batch: int, ctx: int, gen: torch.Generator) -> list[dict]:
+    """Launch parameters of the same kernel per cache format, to pick the defaults from measurements."""
+    rows = []
+    for mode in ("bf16", "int8", "fp8"):
+        rows += sweep_mode(batch, ctx, mode, gen)
+        torch.cuda.empty_cache()
+    print(f"sweep at batch {batch}, ctx {ctx}:")
+    print("| cache | block_n | splits | warps | stages | us | GB/s |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['mode']} | {r['block_n']} | {r['splits']} | {r['warps']} | {r['stages'] or 'default'} | "
+              f"{r['us']:.1f} | {r['GB/s']:.0f} |")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json")
+    parser.add_argument("--sweep", action="store_true", help="also sweep launch parameters at batch 64, ctx 8192")
     args = parser.parse_args()
     gen = torch.Generator().manual_seed(0)
     print(f"device: {torch.cuda.get_device_name()}")
@@ -116,9 +157,10 @@ def main() -> None:
               f"{bf16 / r['us']:.2f}x | {r['attn_tok_s_32_layers']:.0f} | {r['rel_err_vs_ref']:.1e} |")
     bytes_per_token = {"bf16": 2 * LAYERS * HKV * D * 2, "int8": 2 * LAYERS * HKV * (D + 4), "fp8": 2 * LAYERS * HKV * D}
     print(f"KV bytes per token (Llama-3-8B, 32 layers): {bytes_per_token}")
+    swept = sweep(64, 8192, gen) if args.sweep else []
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "bytes_per_token": bytes_per_token}, f, indent=1)
+            json.dump({"rows": rows, "bytes_per_token": bytes_per_token, "sweep": swept}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -51,20 +51,27 @@ def main() -> None:
     err = float((got.float() - want).norm() / want.norm())
     total = BATCH * CTX * (RANK + ROPE) * 2 + 2 * q_lat.numel() * 2 + q_pe.numel() * 2
     rows = []
-    for splits, block_n in [(None, 32), (4, 32), (8, 32), (16, 32), (8, 64), (16, 16)]:
+    sweep = [(None, None, None, None), (8, 64, 8, None), (8, 64, 4, None), (4, 64, 8, None), (12, 64, 8, None),
+             (16, 64, 8, None), (8, 64, 8, 2), (16, 64, 8, 2), (8, 128, 8, 2), (16, 128, 8, 2), (8, 32, 4, None)]
+    for splits, block_n, warps, stages in sweep:
+        kwargs = {"num_splits": splits, "num_warps": warps, "num_stages": stages}
+        if block_n is not None:
+            kwargs["block_n"] = block_n
         try:
-            ms = do_bench(lambda s=splits, n=block_n: mla_decode_triton(q_lat, q_pe, cache, tables, ctx, scale,
-                                                                          num_splits=s, block_n=n), warmup=25, rep=200)
+            ms = do_bench(lambda kw=kwargs: mla_decode_triton(q_lat, q_pe, cache, tables, ctx, scale, **kw),
+                          warmup=25, rep=200)
         except Exception as exc:
-            print(f"splits={splits} block_n={block_n} failed: {exc!r}")
+            print(f"{kwargs} failed: {type(exc).__name__}")
             continue
-        rows.append({"num_splits": splits or "default", "block_n": block_n, "us": ms * 1e3, "GB/s": total / ms / 1e6,
+        rows.append({"num_splits": splits or "default", "block_n": block_n or "default", "warps": warps or "default",
+                     "stages": stages or "default", "us": ms * 1e3, "GB/s": total / ms / 1e6,
                      "of_copy": total / ms / 1e6 / copy_gbs})
     print(f"copy bandwidth (read+write): {copy_gbs:.0f} GB/s; kernel rel err vs fp32 reference: {err:.1e}")
-    print("| num_splits | block_n | us | GB/s | of copy bandwidth |")
-    print("|---|---|---|---|---|")
+    print("| num_splits | block_n | warps | stages | us | GB/s | of copy bandwidth |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['num_splits']} | {r['block_n']} | {r['us']:.1f} | {r['GB/s']:.0f} | {r['of_copy']:.0%} |")
+        print(f"| {r['num_splits']} | {r['block_n']} | {r['warps']} | {r['stages']} | {r['us']:.1f} | {r['GB/s']:.0f} "
+              f"| {r['of_copy']:.0%} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"copy_GB/s": copy_gbs, "rel_err": err, "rows": rows}, f, indent=1)

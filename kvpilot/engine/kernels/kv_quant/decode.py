@@ -114,6 +114,8 @@ def paged_attention_decode_quant_triton(
     scale: float,
     num_splits: int | None = None,
     block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """q [B, Hq, D] at position context_lens[b]-1 over an int8/fp8 (or 16-bit, scales None) paged cache."""
     tensors = [t for t in (q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens) if t is not None]
@@ -122,7 +124,7 @@ def paged_attention_decode_quant_triton(
     assert v_cache.dtype == k_cache.dtype and v_cache.shape == k_cache.shape, "k/v caches must match"
     assert q.dim() == 3 and q.stride(-1) == 1, f"q must be [B, Hq, D] with contiguous D, got {tuple(q.shape)}"
     batch, num_heads, head_dim = q.shape
-    num_blocks, page, num_kv_heads, cache_dim = k_cache.shape
+    _, page, num_kv_heads, cache_dim = k_cache.shape
     assert cache_dim == head_dim and num_heads % num_kv_heads == 0, (
         f"cache [.., .., Hkv={num_kv_heads}, D={cache_dim}] incompatible with q heads {num_heads}, D {head_dim}"
     )
@@ -152,6 +154,7 @@ def paged_attention_decode_quant_triton(
     else:
         part_o = part_lse = out
     k_s = k_scale if k_scale is not None else k_cache
+    stages = {} if num_stages is None else {"num_stages": num_stages}
     v_s = v_scale if v_scale is not None else v_cache
     _paged_decode_quant_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, k_s, v_s, block_tables, context_lens, out, part_o, part_lse,
@@ -161,7 +164,7 @@ def paged_attention_decode_quant_triton(
         scale * LOG2E,
         NUM_KV_HEADS=num_kv_heads, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), PAGE=page, BLOCK_N=block_n,
-        NUM_SPLITS=num_splits, QUANT=quant,
+        NUM_SPLITS=num_splits, QUANT=quant, num_warps=num_warps, **stages,
     )
     if num_splits > 1:
         split_reduce(part_o, part_lse, out)

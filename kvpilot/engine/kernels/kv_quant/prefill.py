@@ -23,25 +23,24 @@ patch_interpreter()
 @triton.jit
 def _dequantize_blocks_kernel(
     cache_ptr, scale_ptr, block_ids_ptr, out_ptr,
-    PAGE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, IS_INT8: tl.constexpr,
+    ROWS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, IS_INT8: tl.constexpr,
 ):
+    # One program per block: its ROWS = block_size * Hkv rows of HEAD_DIM values.
     i = tl.program_id(0)
-    offset = tl.program_id(1)
     block = tl.load(block_ids_ptr + i).to(tl.int64)
-    offs_h = tl.arange(0, BLOCK_H)
+    offs_r = tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
-    mask = (offs_h[:, None] < NUM_KV_HEADS) & (offs_d[None, :] < HEAD_DIM)
-    src_row = block * PAGE + offset
-    tile = offs_h[:, None] * HEAD_DIM + offs_d[None, :]
-    x = tl.load(cache_ptr + src_row * NUM_KV_HEADS * HEAD_DIM + tile, mask=mask, other=0.0).to(tl.float32)
+    mask_r = offs_r < ROWS
+    mask = mask_r[:, None] & (offs_d[None, :] < HEAD_DIM)
+    tile = offs_r[:, None] * HEAD_DIM + offs_d[None, :]
+    x = tl.load(cache_ptr + block * ROWS * HEAD_DIM + tile, mask=mask, other=0.0).to(tl.float32)
     if IS_INT8:
-        s = tl.load(scale_ptr + src_row * NUM_KV_HEADS + offs_h, mask=offs_h < NUM_KV_HEADS, other=0.0)
+        s = tl.load(scale_ptr + block * ROWS + offs_r, mask=mask_r, other=0.0)
     else:
-        s = tl.load(scale_ptr + offs_h, mask=offs_h < NUM_KV_HEADS, other=0.0)
+        s = tl.load(scale_ptr + offs_r % NUM_KV_HEADS, mask=mask_r, other=0.0)
     x = x * s.to(tl.float32)[:, None]
-    dst_row = i.to(tl.int64) * PAGE + offset
-    tl.store(out_ptr + dst_row * NUM_KV_HEADS * HEAD_DIM + tile, x.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + i.to(tl.int64) * ROWS * HEAD_DIM + tile, x.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def dequantize_blocks_triton(
@@ -59,10 +58,11 @@ def dequantize_blocks_triton(
     out = torch.empty(block_ids.shape[0], page, num_kv_heads, head_dim, dtype=out_dtype, device=cache_q.device)
     if block_ids.shape[0] == 0:
         return out
-    _dequantize_blocks_kernel[(block_ids.shape[0], page)](
+    _dequantize_blocks_kernel[(block_ids.shape[0],)](
         cache_q, scale, block_ids, out,
-        PAGE=page, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim), IS_INT8=is_int8,
+        ROWS=page * num_kv_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+        BLOCK_R=triton.next_power_of_2(page * num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+        IS_INT8=is_int8,
     )
     return out
 

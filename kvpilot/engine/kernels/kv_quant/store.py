@@ -35,21 +35,23 @@ def _round_to_e4m3(y):
     """
     a = tl.minimum(tl.abs(y), FP8_MAX_C)
     e = tl.minimum(tl.maximum(tl.floor(tl.log2(tl.maximum(a, 1e-30))), -6.0), 8.0)
-    step = tl.exp2(e - 3.0)
-    r = tl.minimum(_rint(a / step) * step, FP8_MAX_C)
+    # powers of two: both products are exact, whatever the precision of exp2
+    r = tl.minimum(_rint(a * tl.exp2(3.0 - e)) * tl.exp2(e - 3.0), FP8_MAX_C)
     return tl.where(y < 0, -r, r)
 
 
 @triton.jit
 def _quantize_row(x, scale_ptr, scale_off, head, IS_INT8: tl.constexpr, OUT_DTYPE: tl.constexpr):
     if IS_INT8:
-        scale = tl.maximum(tl.max(tl.abs(x), axis=0) / INT8_MAX_C, 1e-8)
-        y = _rint(x / scale)
+        # IEEE divisions (div_rn), as torch computes them: `/` on the GPU is approximate
+        amax = tl.max(tl.abs(x), axis=0)
+        scale = tl.maximum(tl.div_rn(amax, tl.full(amax.shape, INT8_MAX_C, tl.float32)), 1e-8)
+        y = _rint(tl.div_rn(x, tl.broadcast_to(scale, x.shape)))
         y = tl.minimum(tl.maximum(y, -INT8_MAX_C), INT8_MAX_C)
         tl.store(scale_ptr + scale_off, scale.to(scale_ptr.dtype.element_ty))
     else:
         scale = tl.load(scale_ptr + head)
-        y = _round_to_e4m3(x / scale)
+        y = _round_to_e4m3(tl.div_rn(x, tl.broadcast_to(scale, x.shape)))
     return y.to(OUT_DTYPE)
 
 

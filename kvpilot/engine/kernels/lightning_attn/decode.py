@@ -53,7 +53,7 @@ def lightning_decode_triton(
     slopes: torch.Tensor,
     state_pool: torch.Tensor,
     slot_ids: torch.Tensor,
-    block_v: int = 32,
+    block_v: int | None = None,
 ) -> torch.Tensor:
     """q, k [B, H, Dk], v [B, H, Dv]; state_pool fp32 [slots, H, Dk, Dv] updated at slot_ids int32 [B]
     (-1 skips, its output row is zero) -> o [B, H, Dv]."""
@@ -72,6 +72,10 @@ def lightning_decode_triton(
     out = torch.zeros(batch, num_heads, dv, dtype=q.dtype, device=q.device)
     if batch == 0:
         return out
+    if block_v is None:
+        # measured on H200 (docs/benchmarks.md): 64-wide tiles win once there are many programs,
+        # 32-wide ones at small batch where more programs are needed to fill the SMs
+        block_v = 64 if batch * num_heads * triton.cdiv(dv, 64) >= 2048 else 32
     block_v = min(block_v, triton.next_power_of_2(dv))
     _lightning_decode_kernel[(batch, num_heads, triton.cdiv(dv, block_v))](
         q, k, v, out, slopes, state_pool, slot_ids,

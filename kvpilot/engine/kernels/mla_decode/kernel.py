@@ -91,6 +91,8 @@ def mla_decode_triton(
     num_splits: int | None = None,
     block_h: int = 16,
     block_n: int = 32,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """q_latent [B, H, L], q_pe [B, H, R] over cache [blocks, page, L + R] -> latent output [B, H, L]."""
     check_triton_device(q_latent, q_pe, kv_cache, block_tables, context_lens)
@@ -113,6 +115,7 @@ def mla_decode_triton(
     out = torch.empty_like(q_latent)
     if batch == 0:
         return out
+    stages = {} if num_stages is None else {"num_stages": num_stages}
     if num_splits > 1:
         part_o = torch.empty(batch, num_heads, num_splits, rank, dtype=torch.float32, device=q_latent.device)
         part_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q_latent.device)
@@ -127,7 +130,7 @@ def mla_decode_triton(
         scale * LOG2E,
         NUM_HEADS=num_heads, BLOCK_H=block_h, RANK=rank, BLOCK_L=triton.next_power_of_2(rank),
         ROPE=rope, BLOCK_R=max(16, triton.next_power_of_2(rope)), PAGE=kv_cache.shape[1], BLOCK_N=block_n,
-        NUM_SPLITS=num_splits, num_warps=8 if rank >= 256 else 4,
+        NUM_SPLITS=num_splits, num_warps=num_warps or (8 if rank >= 256 else 4), **stages,
     )
     if num_splits > 1:
         split_reduce(part_o, part_lse, out)
