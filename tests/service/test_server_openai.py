@@ -173,3 +173,15 @@ def test_token_id_prompt_equals_text_prompt(tiny_model, client: openai.OpenAI) -
     by_ids = client.completions.create(prompt=ids, **kwargs)
     assert by_ids.choices[0].text == by_text.choices[0].text
     assert by_ids.usage.prompt_tokens == by_text.usage.prompt_tokens == len(ids)
+
+
+def test_repeated_prompt_reports_prefix_cache_hits(client: openai.OpenAI) -> None:
+    """A prompt sent again reuses its cached full blocks (block size 16), as usage reports."""
+    prompt = "A shared system prompt that spans several KV blocks of sixteen tokens each, " * 2
+    first = client.completions.create(model=SERVED_MODEL, prompt=prompt, max_tokens=2, extra_body=LONG)
+    second = client.completions.create(model=SERVED_MODEL, prompt=prompt, max_tokens=2, extra_body=LONG)
+    prompt_tokens = first.usage.prompt_tokens
+    assert prompt_tokens >= 32
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached % 16 == 0 and prompt_tokens - 16 <= cached < prompt_tokens, (cached, prompt_tokens)

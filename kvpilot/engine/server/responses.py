@@ -9,11 +9,15 @@ from pydantic import BaseModel
 FinishReason = Literal["stop", "length", "abort"]
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
-    cached_tokens: int = 0  # extension: prompt tokens served from the prefix cache
+    prompt_tokens_details: PromptTokensDetails
 
     @classmethod
     def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Usage:
@@ -21,7 +25,7 @@ class Usage(BaseModel):
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             total_tokens=prompt_tokens + completion_tokens,
-            cached_tokens=cached_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
         )
 
 

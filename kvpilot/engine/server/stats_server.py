@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from kvpilot.engine.server.middleware import StrategyHeaderMiddleware
 from kvpilot.engine.server.runtime import ServerRuntime
 from kvpilot.engine.stats_contract import STATS_PATH
 
@@ -33,4 +34,5 @@ def create_stats_app(runtime: ServerRuntime) -> FastAPI:
             )
         return JSONResponse(snapshot)
 
+    app.add_middleware(StrategyHeaderMiddleware, strategy=runtime.settings.strategy)
     return app
