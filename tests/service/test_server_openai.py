@@ -185,3 +185,15 @@ def test_repeated_prompt_reports_prefix_cache_hits(client: openai.OpenAI) -> Non
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached % 16 == 0 and prompt_tokens - 16 <= cached < prompt_tokens, (cached, prompt_tokens)
+
+
+def test_capacity_plan_is_printed_and_sizes_the_pool(server: ServerProcess) -> None:
+    log = server.log_path.read_text()
+    assert "capacity plan (kvpilot.planner):" in log
+    assert "cpu-budget" in log and "16 MiB" in log  # --cpu-memory-budget stands in for GPU memory
+    planned = int(log.split("KV pool: ")[1].split(" blocks, sized from the plan")[0])
+    table_blocks = int(log.split("blocks in pool")[1].split()[0])
+    assert planned == table_blocks > 0
+    kv = server.stats()["kv"]
+    assert kv["blocks_total"] == planned
+    assert f"engine ready: {planned} KV blocks of 16 tokens" in log
