@@ -30,6 +30,13 @@ CONFIGS = {
     "no-prefix-no-chunk": {"enable_prefix_caching": False, "enable_chunked_prefill": False},
     "small-budget-chunks": {"max_num_batched_tokens": 7, "block_size": 8},
     "tiny-pool-preempt": {"num_kv_blocks": 10, "block_size": 8},
+    # Chunking off, but a preempted sequence (prompt + output > 40) is recomputed in chunks.
+    "tiny-pool-no-chunk": {
+        "num_kv_blocks": 12,
+        "block_size": 8,
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": 40,
+    },
 }
 
 
@@ -74,7 +81,7 @@ def test_greedy_matches_hf(checkpoint, config_name: str) -> None:
     llm = LLM(path, show_progress=False, **CONFIGS[config_name])
     assert generate(llm) == expected
     engine = llm.engine
-    if config_name == "tiny-pool-preempt":
+    if config_name.startswith("tiny-pool"):
         assert engine.scheduler.num_preemptions > 0, "the tiny pool was meant to force preemption"
     if engine.config.enable_prefix_caching:
         # Second pass: the same prompts now hit the prefix cache, and outputs stay identical.

@@ -213,3 +213,23 @@ def test_watermark_keeps_blocks_free_beside_running_sequences() -> None:
     sched.add(seq("fits", 6))  # leaves 2 blocks free after first's next decode block
     out = sched.schedule()
     assert [s.seq.request_id for s in out.scheduled] == ["first", "fits"]
+
+
+def test_preempted_sequence_longer_than_budget_recomputes_in_chunks() -> None:
+    # Chunking off; a sequence preempted after outgrowing the token budget must still finish.
+    sched = make_scheduler(num_blocks=8, block_size=2, max_num_seqs=2, budget=8, chunked=False, caching=False)
+    a, b = seq("a", 2, max_tokens=9), seq("b", 6, max_tokens=9)
+    sched.add(a)
+    sched.add(b)
+    rng = random.Random(1)
+    preempted_lens = []
+    for _ in range(500):
+        if not sched.has_unfinished():
+            break
+        out = sched.schedule()
+        preempted_lens += [len(p) for p in out.preempted]
+        sched.postprocess(out, [rng.randint(1, 60) if s.samples else None for s in out.scheduled])
+        check(sched, [a, b])
+    assert any(n > 8 for n in preempted_lens), preempted_lens
+    assert not sched.has_unfinished(), "the preempted sequence starved"
+    assert a.num_completion_tokens == 9 and b.num_completion_tokens == 9
