@@ -184,6 +184,8 @@ class ModelRunner:
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         params = [s.params for s in seqs]
+        if all(p.greedy for p in params):
+            return logits.argmax(dim=-1)
         temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=self.device)
         top_ks = torch.tensor([p.top_k for p in params], dtype=torch.long, device=self.device)
         top_ps = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=self.device)
