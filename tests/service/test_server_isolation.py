@@ -20,7 +20,7 @@ pytestmark = pytest.mark.service
 
 MODEL = "tiny-llama"
 POISON_ADD = 7  # a prompt ending with this token id is refused inside engine.add_request
-POISON_STEP = 9  # a prompt ending with this token id makes engine.step() raise once
+POISON_STEP = 9  # a prompt ending with this token id makes engine.step() raise while it is inside
 
 
 class FaultyEngine:
@@ -40,9 +40,12 @@ class FaultyEngine:
             self._step_poison.add(request_id)
         self._engine.add_request(request_id, prompt_token_ids, params)
 
+    def abort_request(self, request_id: str) -> None:
+        self._step_poison.discard(request_id)
+        self._engine.abort_request(request_id)
+
     def step(self) -> list[Any]:
         if self._step_poison:
-            self._step_poison.clear()
             raise RuntimeError("injected failure in step")
         return self._engine.step()
 
@@ -147,3 +150,27 @@ async def test_engine_loop_survives_a_failing_step(runtime: ServerRuntime, gate:
         assert stats["kv"]["blocks_used"] == 0 and stats["requests"]["running"] == 0
         after = await client.post("/v1/completions", json=_completion("still serving"))
         assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 8
+
+
+async def test_a_failing_step_fails_the_new_request_not_the_running_ones(
+    runtime: ServerRuntime, gate: threading.Event
+) -> None:
+    gate.set()
+    assert await asyncio.to_thread(runtime.wait_loaded, 120)
+
+    async def stats() -> dict[str, Any]:
+        return await asyncio.wrap_future(runtime.loop.call(lambda e: e.stats()))
+
+    async with _client(runtime) as client:
+        undisturbed = await client.post("/v1/completions", json=_completion([5, 6, 8, 10], max_tokens=60))
+        before = (await stats())["requests"]["generation_tokens_total"]
+        running = asyncio.create_task(client.post("/v1/completions", json=_completion([5, 6, 8, 10], max_tokens=60)))
+        while (await stats())["requests"]["generation_tokens_total"] < before + 5:
+            await asyncio.sleep(0.01)
+        failed = await client.post("/v1/completions", json=_completion([5, 6, POISON_STEP]))
+        survivor = await running
+    assert failed.status_code == 500 and "injected failure in step" in failed.json()["error"]["message"]
+    assert survivor.status_code == 200, survivor.text
+    assert survivor.json()["usage"]["completion_tokens"] == 60
+    assert survivor.json()["choices"][0]["text"] == undisturbed.json()["choices"][0]["text"]
+    assert runtime.loop.step_failures == 1

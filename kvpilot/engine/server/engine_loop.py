@@ -46,8 +46,10 @@ class EngineLoop:
     """Runs `engine.step()` on one dedicated thread; every engine call goes through this thread.
 
     A failure while adding or delivering one request fails that request only. A failure inside
-    `step()` cannot be attributed to one request, so the requests then inside the engine are
-    failed and aborted (their blocks freed) and the loop carries on with new ones.
+    `step()` names no request, so the loop suspects the requests added since the last good step
+    (a new prompt is the usual trigger): it fails and aborts those and steps again. If a step
+    fails with no new request to blame, every request inside the engine is failed and aborted
+    (their blocks freed). Either way the loop carries on with new requests.
     """
 
     def __init__(self, engine: Any, *, name: str = "kvpilot-engine") -> None:
@@ -56,6 +58,7 @@ class EngineLoop:
         self._sinks: dict[str, RequestSink] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._fresh: set[str] = set()  # added since the last step that succeeded
         self.steps = 0
         self.step_failures = 0
 
@@ -138,6 +141,7 @@ class EngineLoop:
             _safe(command.sink.failed, exc)
             return
         self._sinks[command.request_id] = command.sink
+        self._fresh.add(command.request_id)
         _safe(command.sink.accepted)
 
     def _abort(self, request_id: str) -> None:
@@ -162,12 +166,16 @@ class EngineLoop:
             outputs = self.engine.step()
         except Exception as exc:
             self.step_failures += 1
-            log.exception("engine.step() failed; failing the %d requests inside it", len(self._sinks))
-            for request_id, sink in list(self._sinks.items()):
+            suspects = [r for r in self._sinks if r in self._fresh] or list(self._sinks)
+            self._fresh.clear()
+            log.exception("engine.step() failed; failing %d of %d requests", len(suspects), len(self._sinks))
+            for request_id in suspects:
+                sink = self._sinks[request_id]
                 self._abort(request_id)
                 _safe(sink.failed, exc)
             return
         self.steps += 1
+        self._fresh.clear()
         for output in outputs:
             sink = self._sinks.get(output.request_id)
             if sink is None:
