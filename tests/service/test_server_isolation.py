@@ -164,7 +164,9 @@ async def test_a_failing_step_fails_the_new_request_not_the_running_ones(
     async with _client(runtime) as client:
         undisturbed = await client.post("/v1/completions", json=_completion([5, 6, 8, 10], max_tokens=60))
         before = (await stats())["requests"]["generation_tokens_total"]
-        running = asyncio.create_task(client.post("/v1/completions", json=_completion([5, 6, 8, 10], max_tokens=60)))
+        running = asyncio.create_task(
+            client.post("/v1/completions", json=_completion([5, 6, 8, 10], max_tokens=60))
+        )
         while (await stats())["requests"]["generation_tokens_total"] < before + 5:
             await asyncio.sleep(0.01)
         failed = await client.post("/v1/completions", json=_completion([5, 6, POISON_STEP]))

@@ -127,7 +127,9 @@ def test_admission_max_tokens() -> None:
     with pytest.raises(APIError) as err:
         adm.max_tokens_for(10, 91, None)
     assert err.value.status == 400
-    assert "10 tokens" in err.value.message and "91" in err.value.message and "101 tokens" in err.value.message
+    assert (
+        "10 tokens" in err.value.message and "91" in err.value.message and "101 tokens" in err.value.message
+    )
     assert "length of 100 tokens" in err.value.message and "at most 90" in err.value.message
     with pytest.raises(APIError):
         adm.max_tokens_for(100, None, None)
@@ -150,7 +152,13 @@ def test_admission_queue_limit_is_running_plus_queue() -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("1048576", 2**20), ("256MiB", 256 * 2**20), ("2GiB", 2 * 2**30), ("1.5G", 1_500_000_000), ("64mb", 64 * 10**6)],
+    [
+        ("1048576", 2**20),
+        ("256MiB", 256 * 2**20),
+        ("2GiB", 2 * 2**30),
+        ("1.5G", 1_500_000_000),
+        ("64mb", 64 * 10**6),
+    ],
 )
 def test_parse_bytes(text: str, expected: int) -> None:
     assert parse_bytes(text) == expected
