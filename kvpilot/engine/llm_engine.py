@@ -131,7 +131,8 @@ class LLMEngine:
             return  # detokenise once at the end: decoding every step would cost O(n^2)
         text = self.tokenizer.decode(seq.completion_token_ids)
         if stops and (seq.finish_reason is None or seq.finish_reason == "length"):
-            tail = max(0, len(self._texts[seq.request_id]) - max(len(s) for s in stops))
+            # margin: a multi-byte character completed by this token may change the earlier text
+            tail = max(0, len(self._texts[seq.request_id]) - max(len(s) for s in stops) - 8)
             hits = [i for i in (text.find(s, tail) for s in stops) if i >= 0]
             if hits:
                 text = text[: min(hits)]

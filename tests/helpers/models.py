@@ -24,7 +24,7 @@ def build_hf_checkpoint(out_dir: Path, family: str, seed: int = 0, **overrides: 
     config = transformers.AutoConfig.for_model(model_type, **config_dict)
     config.architectures = [model_config(family)["architectures"][0]]
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -48,7 +48,7 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) ->
     import torch
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.eval()
     outs = []
     with torch.no_grad():
