@@ -113,7 +113,7 @@ def paged_attention_decode_quant_triton(
     context_lens: torch.Tensor,
     scale: float,
     num_splits: int | None = None,
-    block_n: int = 64,
+    block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int | None = None,
 ) -> torch.Tensor:
@@ -143,6 +143,9 @@ def paged_attention_decode_quant_triton(
     assert block_tables.stride(1) == 1, "block_tables rows must be contiguous"
     assert context_lens.dtype == torch.int32 and context_lens.shape == (batch,)
     group = num_heads // num_kv_heads
+    if block_n is None:
+        # measured on H200 (docs/benchmarks.md): 8-bit tiles want twice the tokens per step
+        block_n = 64 if quant == QUANT_NONE else 128
     if num_splits is None:
         num_splits = default_num_splits(batch * num_kv_heads, q.device)
     out = torch.empty_like(q)

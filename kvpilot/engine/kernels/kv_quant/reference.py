@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 INT8_MAX = 127.0
+# scale = amax * fl(1/127): a multiplication is rounded the same way by torch (CPU and CUDA) and Triton
+INV_INT8_MAX = 1.0 / INT8_MAX
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
 MODES = ("int8", "fp8")
@@ -25,7 +27,7 @@ def mode_of(cache: torch.Tensor) -> str:
 def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., D] -> (int8 [..., D], fp32 scale [...]): symmetric, one scale per row (token and head)."""
     xf = x.float()
-    scale = (xf.abs().amax(dim=-1) / INT8_MAX).clamp_min(_EPS)
+    scale = (xf.abs().amax(dim=-1) * INV_INT8_MAX).clamp_min(_EPS)
     q = torch.round(xf / scale[..., None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
     return q, scale
 

@@ -8,12 +8,13 @@ import triton.language as tl
 
 from kvpilot.engine.kernels.dispatch import check_triton_device
 from kvpilot.engine.kernels.interpreter_compat import patch_interpreter
-from kvpilot.engine.kernels.kv_quant.reference import FP8_MAX, INT8_MAX, mode_of
+from kvpilot.engine.kernels.kv_quant.reference import FP8_MAX, INT8_MAX, INV_INT8_MAX, mode_of
 
 patch_interpreter()
 
 
 INT8_MAX_C: tl.constexpr = tl.constexpr(INT8_MAX)
+INV_INT8_MAX_C: tl.constexpr = tl.constexpr(INV_INT8_MAX)
 FP8_MAX_C: tl.constexpr = tl.constexpr(FP8_MAX)
 
 
@@ -27,6 +28,12 @@ def _rint(y):
 
 
 @triton.jit
+def _pow2(e):
+    """2**e for integral fp32 e in the normal range, built from the exponent bits (exact; exp2 is approximate)."""
+    return ((e.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _round_to_e4m3(y):
     """Round fp32 to the nearest e4m3 value (ties to even, saturating) while still in fp32.
 
@@ -35,17 +42,17 @@ def _round_to_e4m3(y):
     """
     a = tl.minimum(tl.abs(y), FP8_MAX_C)
     e = tl.minimum(tl.maximum(tl.floor(tl.log2(tl.maximum(a, 1e-30))), -6.0), 8.0)
-    # powers of two: both products are exact, whatever the precision of exp2
-    r = tl.minimum(_rint(a * tl.exp2(3.0 - e)) * tl.exp2(e - 3.0), FP8_MAX_C)
+    # scaling by exact powers of two keeps both products exact
+    r = tl.minimum(_rint(a * _pow2(3.0 - e)) * _pow2(e - 3.0), FP8_MAX_C)
     return tl.where(y < 0, -r, r)
 
 
 @triton.jit
 def _quantize_row(x, scale_ptr, scale_off, head, IS_INT8: tl.constexpr, OUT_DTYPE: tl.constexpr):
     if IS_INT8:
-        # IEEE divisions (div_rn), as torch computes them: `/` on the GPU is approximate
-        amax = tl.max(tl.abs(x), axis=0)
-        scale = tl.maximum(tl.div_rn(amax, tl.full(amax.shape, INT8_MAX_C, tl.float32)), 1e-8)
+        # scale = amax * (1/127) and an IEEE division (div_rn) below, exactly as the torch reference
+        # computes them on CPU and GPU (`/` in a Triton kernel is approximate on the GPU)
+        scale = tl.maximum(tl.max(tl.abs(x), axis=0) * INV_INT8_MAX_C, 1e-8)
         y = _rint(tl.div_rn(x, tl.broadcast_to(scale, x.shape)))
         y = tl.minimum(tl.maximum(y, -INT8_MAX_C), INT8_MAX_C)
         tl.store(scale_ptr + scale_off, scale.to(scale_ptr.dtype.element_ty))

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from kvpilot.engine.kernels.dispatch import check_triton_device
 from kvpilot.engine.kernels.interpreter_compat import patch_interpreter
-from kvpilot.engine.kernels.kv_quant.split_reduce import default_num_splits, split_reduce
+from kvpilot.engine.kernels.kv_quant.split_reduce import split_reduce
 
 LOG2E = 1.4426950408889634
 
@@ -81,6 +81,14 @@ def _mla_decode_kernel(
         tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=mask_h)
 
 
+def mla_num_splits(num_programs: int, device: torch.device) -> int:
+    """About four programs per SM, rounded down to a power of two (best measured on H200, docs/benchmarks.md)."""
+    if device.type != "cuda":
+        return 1
+    target = 4 * torch.cuda.get_device_properties(device).multi_processor_count // max(1, num_programs)
+    return max(1, min(16, 1 << (max(1, target).bit_length() - 1)))
+
+
 def mla_decode_triton(
     q_latent: torch.Tensor,
     q_pe: torch.Tensor,
@@ -90,7 +98,7 @@ def mla_decode_triton(
     scale: float,
     num_splits: int | None = None,
     block_h: int = 16,
-    block_n: int = 32,
+    block_n: int = 64,
     num_warps: int | None = None,
     num_stages: int | None = None,
 ) -> torch.Tensor:
@@ -111,7 +119,7 @@ def mla_decode_triton(
     assert block_h >= 16 and block_n >= 16, "tl.dot needs tiles of at least 16"
     head_blocks = triton.cdiv(num_heads, block_h)
     if num_splits is None:
-        num_splits = default_num_splits(batch * head_blocks, q_latent.device)
+        num_splits = mla_num_splits(batch * head_blocks, q_latent.device)
     out = torch.empty_like(q_latent)
     if batch == 0:
         return out
