@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,10 @@ class Tokenizer:
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **template_kwargs: Any
+    ) -> str:
+        """Render messages with the model's template; extra keyword arguments (tools, ...) reach it too."""
         if not self.chat_template:
             raise ValueError(
                 "this model's tokenizer_config.json has no chat_template; send a plain prompt instead"
@@ -63,6 +67,7 @@ class Tokenizer:
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",
+            **template_kwargs,
         )
 
 
@@ -78,3 +83,4 @@ def _token_text(token: Any) -> str | None:
 
 _ENV = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
 _ENV.globals["raise_exception"] = _raise
+_ENV.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
