@@ -104,3 +104,17 @@ def test_kernel_then_w_uv_matches_unabsorbed() -> None:
 def test_split_kv_b_proj_rejects_wrong_rows() -> None:
     with pytest.raises(ValueError, match="expected H"):
         ref.split_kv_b_proj(torch.zeros(10, 4), 2, 3, 3)
+
+
+def test_store_latent_matches_reference() -> None:
+    from kvpilot.engine.kernels.mla_decode.store import store_latent_reference, store_latent_triton
+
+    gen = torch.Generator().manual_seed(5)
+    c_kv, k_pe = torch.randn(6, 48, generator=gen), torch.randn(6, 16, generator=gen)
+    slots = torch.tensor([3, -1, 17, 0, -1, 40], dtype=torch.int32)
+    got, want = torch.zeros(3, PAGE, 64), torch.zeros(3, PAGE, 64)
+    store_latent_triton(c_kv, k_pe, got, slots)
+    store_latent_reference(c_kv, k_pe, want, slots)
+    assert torch.equal(got, want)
+    assert torch.equal(got.view(-1, 64)[17], torch.cat([c_kv[2], k_pe[2]]))
+    assert int((got.view(-1, 64).abs().sum(1) > 0).sum()) == 4
