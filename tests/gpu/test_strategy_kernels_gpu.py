@@ -147,3 +147,17 @@ def test_lightning_prefill_and_decode(dtype: torch.dtype) -> None:
     want = laref.lightning_decode_reference(qd, kd, vd, slopes, pool_ref, slots)
     assert rel_err(got, want) < (1e-5 if dtype == torch.float32 else 1e-2)
     assert rel_err(pool, pool_ref) < 1e-5
+
+
+def test_mla_store_latent() -> None:
+    from kvpilot.engine.kernels.mla_decode.store import store_latent_reference, store_latent_triton
+
+    c_kv = torch.randn(40, 512, device=DEV, dtype=torch.bfloat16)
+    k_pe = torch.randn(40, 64, device=DEV, dtype=torch.bfloat16)
+    slots = torch.randperm(64, device=DEV)[:40].to(torch.int32)
+    slots[::7] = -1
+    got = torch.zeros(4, PAGE, 576, device=DEV, dtype=torch.bfloat16)
+    want = torch.zeros_like(got)
+    store_latent_triton(c_kv, k_pe, got, slots)
+    store_latent_reference(c_kv, k_pe, want, slots)
+    assert torch.equal(got, want)
