@@ -8,8 +8,9 @@ accepted at a near-tie: where HF's own logits for the two candidate tokens diffe
 bf16: exact equality with any reference is not expected (bf16 keeps ~3 significant digits, and
 HF's bf16 and ours round at different places). Instead, each token kvpilot picks in bf16 must be
 near-optimal under HF fp32 teacher-forced on kvpilot's own output: its fp32 logit within
-BF16_LOGIT_TOL of the best one. A wrong KV slot, mask or RoPE position shows up as logit gaps of
-several units, far above that tolerance; bf16 rounding over two layers stays well below it.
+BF16_LOGIT_TOL of the best one. Measured on CPU (torch reference path, bf16) for these models the
+worst deficit is ~0.007 while the median top-1/top-2 gap is 0.04-0.6; a wrong KV slot, mask or
+RoPE position picks tokens several units below the best, far above the tolerance.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
 NEAR_TIE = 1e-3
-BF16_LOGIT_TOL = 0.25
+BF16_LOGIT_TOL = 0.05
 
 
 @pytest.fixture(scope="module")
