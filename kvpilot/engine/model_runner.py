@@ -7,29 +7,19 @@ import torch
 from kvpilot.engine.config import EngineConfig, ModelConfig
 from kvpilot.engine.context import Context, reset_context, set_context
 from kvpilot.engine.loader import load_weights
+from kvpilot.engine.memory import (
+    DTYPES,
+    cuda_kv_blocks,
+    estimate_activation_bytes,
+    kv_bytes_per_block,
+    pick_device,
+    pick_dtype,
+    torch_memory,
+)
 from kvpilot.engine.models import build_model
 from kvpilot.engine.sampler import sample
 from kvpilot.engine.scheduler import SchedulerOutput
 from kvpilot.engine.sequence import Sequence
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def pick_device(requested: str) -> torch.device:
-    if requested == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if requested.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"device {requested!r} was requested but CUDA is not available; use device='cpu'")
-    return torch.device(requested)
-
-
-def pick_dtype(requested: str, model_dtype: str, device: torch.device) -> torch.dtype:
-    """'auto': the checkpoint's dtype on CUDA, float32 on CPU (bf16 matmuls are slow there)."""
-    if requested != "auto":
-        return DTYPES[requested]
-    if device.type == "cpu":
-        return torch.float32
-    return DTYPES.get(model_dtype, torch.bfloat16)
 
 
 class ModelRunner:
@@ -71,9 +61,7 @@ class ModelRunner:
     # -- KV pool -------------------------------------------------------------------------
     @property
     def bytes_per_block(self) -> int:
-        mc = self.model_config
-        elem = torch.empty((), dtype=self.kv_dtype).element_size()
-        return 2 * mc.num_hidden_layers * self.block_size * mc.num_key_value_heads * mc.head_dim * elem
+        return kv_bytes_per_block(self.model_config, self.block_size, self.kv_dtype)
 
     def _size_kv_pool(self) -> int:
         if self.config.num_kv_blocks is not None:
@@ -83,19 +71,10 @@ class ModelRunner:
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
         self._profile_run()
-        peak = torch.cuda.max_memory_allocated(self.device) - before
-        self.activation_peak_bytes = peak
-        torch.cuda.empty_cache()  # the profile's cached blocks would otherwise count twice (used + peak)
-        free, total = torch.cuda.mem_get_info(self.device)
-        budget = int(total * self.config.gpu_memory_utilization) - (total - free) - peak
-        blocks = budget // self.bytes_per_block
-        if blocks < 1:
-            raise RuntimeError(
-                f"no GPU memory left for the KV cache: {total / 2**30:.1f} GiB total, "
-                f"{(total - free) / 2**30:.1f} GiB in use, activation peak {peak / 2**30:.2f} GiB at "
-                f"gpu_memory_utilization={self.config.gpu_memory_utilization}; raise it or lower max_num_batched_tokens"
-            )
-        return int(blocks)
+        self.activation_peak_bytes = torch.cuda.max_memory_allocated(self.device) - before
+        return cuda_kv_blocks(
+            self.device, self.config.gpu_memory_utilization, self.activation_peak_bytes, self.bytes_per_block
+        )
 
     @torch.inference_mode()
     def _profile_run(self) -> None:
@@ -209,16 +188,8 @@ class ModelRunner:
             base = self._baseline_allocated + self.kv_cache.numel() * self.kv_cache.element_size()
             peak = torch.cuda.max_memory_allocated(self.device) - base
         else:
-            peak = self.estimate_activation_bytes(num_tokens, num_logit_rows)
+            peak = estimate_activation_bytes(self.model_config, self.dtype, num_tokens, num_logit_rows)
         self.activation_peak_bytes = max(self.activation_peak_bytes, peak)
-
-    def estimate_activation_bytes(self, num_tokens: int, num_logit_rows: int) -> int:
-        """CPU estimate: one layer's live intermediates for num_tokens plus the fp32 logits."""
-        mc = self.model_config
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        qkv = (mc.num_attention_heads + 2 * mc.num_key_value_heads) * mc.head_dim
-        per_token = 3 * mc.hidden_size + qkv + mc.num_attention_heads * mc.head_dim + 3 * mc.intermediate_size
-        return num_tokens * per_token * elem + num_logit_rows * mc.vocab_size * 4
 
     # -- scoring -------------------------------------------------------------------------
     @torch.inference_mode()
@@ -238,9 +209,4 @@ class ModelRunner:
         return logprobs.gather(-1, target[:, None])[:, 0].tolist()
 
     def memory_stats(self) -> dict[str, int]:
-        if not self.is_cuda:
-            return {"torch_reserved": 0, "torch_allocated": 0}
-        return {
-            "torch_reserved": int(torch.cuda.memory_reserved(self.device)),
-            "torch_allocated": int(torch.cuda.memory_allocated(self.device)),
-        }
+        return torch_memory(self.device)
