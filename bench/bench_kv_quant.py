@@ -92,9 +92,11 @@ def bench_case(batch: int, ctx: int, mode: str, gen: torch.Generator, base_decod
     return rows
 
 
-SWEEP = [  # (block_n, num_splits, num_warps, num_stages); None = Triton's default stages
-    (64, 1, 4, None), (128, 1, 4, None), (128, 1, 8, None), (256, 1, 8, None), (64, 2, 4, None),
-    (128, 2, 4, None), (64, 4, 4, None), (64, 1, 4, 2), (128, 1, 4, 2), (128, 2, 8, 2),
+SWEEP = [  # (block_n, num_splits, num_warps, num_stages, fp16_dots); None = Triton's default stages
+    (64, 1, 4, None, False), (128, 1, 4, None, False), (128, 1, 8, None, False), (256, 1, 8, None, False),
+    (64, 2, 4, None, False), (128, 2, 4, None, False), (64, 4, 4, None, False), (64, 1, 4, 2, False),
+    (128, 1, 4, 2, False), (128, 2, 8, 2, False),
+    (64, 1, 4, None, True), (128, 1, 4, None, True), (128, 2, 4, None, True),
 ]
 
 
@@ -104,16 +106,16 @@ def sweep_mode(batch: int, ctx: int, mode: str, gen: torch.Generator) -> list[di
     ctx_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     total = 2 * batch * ctx * HKV * D * k.element_size() + (2 * batch * ctx * HKV * 4 if mode == "int8" else 0)
     rows = []
-    for block_n, splits, warps, stages in SWEEP if mode != "bf16" else SWEEP[:3]:
+    for block_n, splits, warps, stages, fp16 in SWEEP if mode != "bf16" else SWEEP[:3]:
         try:
-            ms = do_bench(lambda n=block_n, s=splits, w=warps, st=stages: paged_attention_decode_quant_triton(
-                q, k, v, ks, vs, tables, ctx_lens, D**-0.5, num_splits=s, block_n=n, num_warps=w, num_stages=st),
-                warmup=10, rep=100)
+            ms = do_bench(lambda n=block_n, s=splits, w=warps, st=stages, f=fp16: paged_attention_decode_quant_triton(
+                q, k, v, ks, vs, tables, ctx_lens, D**-0.5, num_splits=s, block_n=n, num_warps=w, num_stages=st,
+                fp16_dots=f), warmup=10, rep=100)
         except Exception as exc:
-            print(f"sweep {mode} {block_n, splits, warps, stages} failed: {type(exc).__name__}")
+            print(f"sweep {mode} {block_n, splits, warps, stages, fp16} failed: {type(exc).__name__}")
             continue
         rows.append({"mode": mode, "block_n": block_n, "splits": splits, "warps": warps, "stages": stages,
-                     "us": ms * 1e3, "GB/s": total / ms / 1e6})
+                     "fp16_dots": fp16, "us": ms * 1e3, "GB/s": total / ms / 1e6})
     return rows
 
 
@@ -124,11 +126,11 @@ def sweep(batch: int, ctx: int, gen: torch.Generator) -> list[dict]:
         rows += sweep_mode(batch, ctx, mode, gen)
         torch.cuda.empty_cache()
     print(f"sweep at batch {batch}, ctx {ctx}:")
-    print("| cache | block_n | splits | warps | stages | us | GB/s |")
-    print("|---|---|---|---|---|---|---|")
+    print("| cache | block_n | splits | warps | stages | fp16 dots | us | GB/s |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['mode']} | {r['block_n']} | {r['splits']} | {r['warps']} | {r['stages'] or 'default'} | "
-              f"{r['us']:.1f} | {r['GB/s']:.0f} |")
+              f"{r['fp16_dots']} | {r['us']:.1f} | {r['GB/s']:.0f} |")
     return rows
 
 

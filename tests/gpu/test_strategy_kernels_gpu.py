@@ -71,9 +71,9 @@ def test_quant_store_and_decode(mode: str, group: int) -> None:
     assert torch.equal(scales[0], scales[2])
     q = torch.randn(len(lens), hkv * group, dim, generator=gen).to(DEV, torch.bfloat16)
     ctx = torch.tensor(lens, dtype=torch.int32, device=DEV)
-    for splits in (1, 4):
+    for splits, fp16_dots in ((1, False), (4, False), (1, True), (4, True)):
         out = paged_attention_decode_quant_triton(q, caches[0], caches[1], scales[0], scales[1], tables, ctx, dim**-0.5,
-                                                  num_splits=splits)
+                                                  num_splits=splits, fp16_dots=fp16_dots)
         want = kvref.paged_attention_decode_quant_reference(q.float(), caches[0], caches[1], scales[0], scales[1],
                                                             tables, ctx, dim**-0.5)
         assert rel_err(out, want) < 3e-2

@@ -173,3 +173,18 @@ def test_dequantize_blocks_kernel_and_prefill_path(mode: str) -> None:
             pos = n - new[b] + i
             want_row = ref.attend_fp32(q[cu[b] + i], k[: pos + 1], v[: pos + 1], dim**-0.5)
             assert rel_err(out[cu[b] + i], want_row) < 1e-5
+
+
+@pytest.mark.parametrize("mode", ["int8", "fp8"])
+def test_decode_fp16_dots_variant(mode: str) -> None:
+    """The fp16-dot path (int8 widened as fp16 x + 1152, offset removed after the dots) agrees too."""
+    lens, hkv, group, dim = [1, 17, 130], 2, 4, 32
+    k_cache, v_cache, k_scale, v_scale, tables, _, _ = make_quant_batch(mode, lens, hkv, dim, seed=9)
+    q = torch.randn(len(lens), hkv * group, dim, generator=torch.Generator().manual_seed(4))
+    context = torch.tensor(lens, dtype=torch.int32)
+    want = ref.paged_attention_decode_quant_reference(q, k_cache, v_cache, k_scale, v_scale, tables, context, 0.2)
+    for splits in (1, 2):
+        got = paged_attention_decode_quant_triton(
+            q, k_cache, v_cache, k_scale, v_scale, tables, context, 0.2, num_splits=splits, fp16_dots=True
+        )
+        assert got.dtype == torch.float32 and rel_err(got, want) < 5e-3

@@ -19,8 +19,29 @@ from kvpilot.engine.kernels.kv_quant.split_reduce import default_num_splits, spl
 
 QUANT_NONE, QUANT_INT8, QUANT_FP8 = 0, 1, 2
 LOG2E = 1.4426950408889634
+INT8_FP16_OFFSET_C: tl.constexpr = tl.constexpr(1152.0)
 
 patch_interpreter()
+
+
+
+
+@triton.jit
+def _int8_as_fp16(x):
+    """int8 -> fp16 holding x + 1152 (INT8_FP16_OFFSET_C), with two integer ops and no int->float conversion.
+
+    fp16 0x6400 is 1024 with a mantissa step of 1, so OR-ing the biased byte (x + 128 = x ^ 0x80)
+    into its low bits gives 1024 + x + 128 exactly. I2F/F2F conversions run at a quarter of the
+    integer rate, which a decode loop over 8-bit tiles cannot afford.
+    """
+    return (x.to(tl.uint8, bitcast=True).to(tl.uint16) ^ 0x6480).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _dot_operand(raw, QUANT: tl.constexpr, FP16_DOT: tl.constexpr, DTYPE: tl.constexpr):
+    if FP16_DOT and QUANT == 1:
+        return _int8_as_fp16(raw)
+    return raw.to(DTYPE)
 
 
 @triton.jit
@@ -32,7 +53,7 @@ def _paged_decode_quant_kernel(
     qk_scale_log2,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, QUANT: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, QUANT: tl.constexpr, FP16_DOT: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -49,6 +70,9 @@ def _paged_decode_quant_kernel(
     heads = kvh * GROUP + offs_g
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=mask_g[:, None] & mask_d[None, :], other=0.0)
+    if FP16_DOT:
+        q = q.to(tl.float16)
+        q_sum = tl.sum(q.to(tl.float32), axis=1)
     if QUANT == 2:
         k_head_scale = tl.load(k_scale_ptr + kvh)
         v_head_scale = tl.load(v_scale_ptr + kvh)
@@ -63,8 +87,10 @@ def _paged_decode_quant_kernel(
         row = (block.to(tl.int64) * PAGE + offs_n % PAGE) * NUM_KV_HEADS + kvh
         kv_off = row[:, None] * HEAD_DIM + offs_d[None, :]
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+        k = _dot_operand(tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0), QUANT, FP16_DOT, q.dtype)
         s = tl.dot(q, tl.trans(k))
+        if FP16_DOT and QUANT == 1:
+            s = s - INT8_FP16_OFFSET_C * q_sum[:, None]
         if QUANT == 1:
             s = s * tl.load(k_scale_ptr + row, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         if QUANT == 2:
@@ -74,12 +100,16 @@ def _paged_decode_quant_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+        v = _dot_operand(tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0), QUANT, FP16_DOT, q.dtype)
         if QUANT == 1:
             p = p * tl.load(v_scale_ptr + row, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         if QUANT == 2:
             p = p * v_head_scale
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+        p = p.to(q.dtype)
+        pv = tl.dot(p, v)
+        if FP16_DOT and QUANT == 1:
+            pv = pv - INT8_FP16_OFFSET_C * tl.sum(p.to(tl.float32), axis=1)[:, None]
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
 
     if NUM_SPLITS == 1:
@@ -116,8 +146,14 @@ def paged_attention_decode_quant_triton(
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int | None = None,
+    fp16_dots: bool = False,
 ) -> torch.Tensor:
-    """q [B, Hq, D] at position context_lens[b]-1 over an int8/fp8 (or 16-bit, scales None) paged cache."""
+    """q [B, Hq, D] at position context_lens[b]-1 over an int8/fp8 (or 16-bit, scales None) paged cache.
+
+    fp16_dots (8-bit caches only): run both products in fp16 (q converted once per program), with
+    int8 tiles widened by `_int8_as_fp16` and fp8 by the hardware e4m3->f16 conversion, instead of
+    converting every tile to bf16 through fp32. Not yet measured on the GPU (docs/benchmarks.md).
+    """
     tensors = [t for t in (q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens) if t is not None]
     check_triton_device(*tensors)
     quant = _quant_mode(k_cache, q)
@@ -167,7 +203,8 @@ def paged_attention_decode_quant_triton(
         scale * LOG2E,
         NUM_KV_HEADS=num_kv_heads, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), PAGE=page, BLOCK_N=block_n,
-        NUM_SPLITS=num_splits, QUANT=quant, num_warps=num_warps, **stages,
+        NUM_SPLITS=num_splits, QUANT=quant, FP16_DOT=fp16_dots and quant != QUANT_NONE,
+        num_warps=num_warps, **stages,
     )
     if num_splits > 1:
         split_reduce(part_o, part_lse, out)
