@@ -188,3 +188,18 @@ def test_decode_fp16_dots_variant(mode: str) -> None:
             q, k_cache, v_cache, k_scale, v_scale, tables, context, 0.2, num_splits=splits, fp16_dots=True
         )
         assert got.dtype == torch.float32 and rel_err(got, want) < 5e-3
+
+
+def test_ops_dispatch_between_triton_and_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvpilot.engine.kernels.kv_quant import ops
+
+    k_cache, v_cache, k_scale, v_scale, tables, keys, values = make_quant_batch("int8", [20], 2, 16, seed=3)
+    q = torch.randn(1, 4, 16)
+    context = torch.tensor([20], dtype=torch.int32)
+    outs = {}
+    for backend in ("torch", "triton"):
+        monkeypatch.setenv("KVPILOT_KERNELS", backend)
+        caches = (torch.zeros_like(k_cache), torch.zeros_like(v_cache), torch.zeros_like(k_scale), torch.zeros_like(v_scale))
+        ops.store_kvcache_quant(keys[0], values[0], *caches, slots_for(tables[0], 20))
+        outs[backend] = ops.paged_attention_decode_quant(q, *caches, tables, context, 0.25)
+    assert rel_err(outs["triton"], outs["torch"]) < 1e-5

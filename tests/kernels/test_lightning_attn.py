@@ -137,3 +137,21 @@ def test_launchers_reject_bad_state_pool() -> None:
     q = torch.randn(2, 2, 16)
     with pytest.raises(AssertionError, match="state_pool"):
         lightning_decode_triton(q, q, q, torch.ones(2), torch.zeros(3, 2, 16, 8), torch.zeros(2, dtype=torch.int32))
+
+
+def test_ops_dispatch_between_triton_and_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvpilot.engine.kernels.lightning_attn import ops
+
+    gen = torch.Generator().manual_seed(8)
+    q, k, v, cu = packed([5, 12], 2, 16, gen)
+    slopes = ref.minimax_slopes(2, 0, 3)
+    slots = torch.tensor([1, 0], dtype=torch.int32)
+    outs = {}
+    for backend in ("torch", "triton"):
+        monkeypatch.setenv("KVPILOT_KERNELS", backend)
+        pool = torch.zeros(2, 2, 16, 16)
+        o = ops.lightning_prefill(q, k, v, cu, slopes, pool, slots)
+        step = ops.lightning_decode(q[:2].contiguous(), k[:2].contiguous(), v[:2].contiguous(), slopes, pool, slots)
+        outs[backend] = (o, step, pool)
+    for got, want in zip(outs["triton"], outs["torch"], strict=True):
+        assert rel_err(got, want) < 1e-5

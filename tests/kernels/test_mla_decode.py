@@ -118,3 +118,20 @@ def test_store_latent_matches_reference() -> None:
     assert torch.equal(got, want)
     assert torch.equal(got.view(-1, 64)[17], torch.cat([c_kv[2], k_pe[2]]))
     assert int((got.view(-1, 64).abs().sum(1) > 0).sum()) == 4
+
+
+def test_ops_dispatch_between_triton_and_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvpilot.engine.kernels.mla_decode import ops
+
+    gen = torch.Generator().manual_seed(6)
+    c_kv, k_pe = torch.randn(20, 32, generator=gen), torch.randn(20, 16, generator=gen)
+    q_lat, q_pe = torch.randn(1, 4, 32, generator=gen), torch.randn(1, 4, 16, generator=gen)
+    tables = torch.tensor([[1, 0]], dtype=torch.int32)
+    slots = torch.cat([16 + torch.arange(16), torch.arange(4)]).to(torch.int32)
+    outs = {}
+    for backend in ("torch", "triton"):
+        monkeypatch.setenv("KVPILOT_KERNELS", backend)
+        cache = torch.zeros(2, PAGE, 48)
+        ops.store_latent(c_kv, k_pe, cache, slots)
+        outs[backend] = ops.mla_decode(q_lat, q_pe, cache, tables, torch.tensor([20], dtype=torch.int32), 0.2)
+    assert rel_err(outs["triton"], outs["torch"]) < 1e-5
