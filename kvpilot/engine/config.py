@@ -44,7 +44,13 @@ class ModelConfig:
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: a model directory needs an HF-format config.json")
         raw = json.loads(path.read_text())
-        return cls.from_dict(raw, source=str(path))
+        config = cls.from_dict(raw, source=str(path))
+        generation = Path(model_dir) / "generation_config.json"
+        if generation.is_file():  # instruct models often list extra end-of-turn ids only here
+            extra = json.loads(generation.read_text()).get("eos_token_id")
+            extra = extra if isinstance(extra, list) else ([] if extra is None else [extra])
+            config.eos_token_ids += tuple(int(i) for i in extra if int(i) not in config.eos_token_ids)
+        return config
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config") -> ModelConfig:
