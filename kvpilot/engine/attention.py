@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvpilot.engine.context import get_context
+from kvpilot.engine.context import Context, get_context
 from kvpilot.engine.kernels import paged_attention_decode, paged_attention_prefill, store_kvcache
 
 
@@ -35,21 +35,26 @@ class Attention(nn.Module):
         if cache_dtype != out_dtype:  # kv_cache_dtype differs from the model's: attend in the cache's
             q, k, v = q.to(cache_dtype), k.to(cache_dtype), v.to(cache_dtype)
         store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
-        if ctx.is_prefill:
-            o = paged_attention_prefill(
-                q,
-                self.k_cache,
-                self.v_cache,
-                ctx.block_tables,
-                ctx.cu_seqlens_q,
-                ctx.context_lens,
-                self.scale,
-            )
-        else:
-            o = paged_attention_decode(
-                q, self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens, self.scale
-            )
+        n_prefill = ctx.num_prefill_tokens
+        if n_prefill == q.shape[0]:
+            o = self._prefill(q, ctx)
+        elif n_prefill == 0:
+            o = self._decode(q, ctx)
+        else:  # a mixed step: chunks through the varlen kernel, decodes through the decode kernel
+            o = torch.empty_like(q)
+            o[:n_prefill] = self._prefill(q[:n_prefill], ctx)
+            o[n_prefill:] = self._decode(q[n_prefill:], ctx)
         return o.to(out_dtype)
+
+    def _prefill(self, q: torch.Tensor, ctx: Context) -> torch.Tensor:
+        return paged_attention_prefill(
+            q, self.k_cache, self.v_cache, ctx.block_tables, ctx.cu_seqlens_q, ctx.context_lens, self.scale
+        )
+
+    def _decode(self, q: torch.Tensor, ctx: Context) -> torch.Tensor:
+        return paged_attention_decode(
+            q, self.k_cache, self.v_cache, ctx.decode_block_tables, ctx.decode_context_lens, self.scale
+        )
 
     def _dense_causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         group = self.num_heads // self.num_kv_heads

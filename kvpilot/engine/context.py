@@ -11,16 +11,24 @@ import torch
 class Context:
     """What the attention layers need for one forward pass.
 
-    `is_prefill`: packed varlen chunks (cu_seqlens_q); otherwise one query per sequence.
+    Tokens are packed prefill chunks first (`num_prefill_tokens` of them, described by
+    block_tables / cu_seqlens_q / context_lens), then single-token decodes (described by
+    decode_block_tables / decode_context_lens). `slot_mapping` covers every token.
     `dense`: no KV cache at all (scoring); attention runs causally over the packed tokens.
     """
 
-    is_prefill: bool = False
     dense: bool = False
     slot_mapping: torch.Tensor | None = None
+    num_prefill_tokens: int = 0
     block_tables: torch.Tensor | None = None
     cu_seqlens_q: torch.Tensor | None = None
     context_lens: torch.Tensor | None = None
+    decode_block_tables: torch.Tensor | None = None
+    decode_context_lens: torch.Tensor | None = None
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.num_prefill_tokens > 0
 
 
 _CONTEXT = Context()

@@ -80,7 +80,7 @@ class ModelRunner:
     def _profile_run(self) -> None:
         n = min(self.config.max_num_batched_tokens, self.model_config.max_position_embeddings)
         ids = torch.zeros(n, dtype=torch.long, device=self.device)
-        set_context(Context(is_prefill=True, dense=True))
+        set_context(Context(dense=True))
         try:
             hidden = self.model(ids, torch.arange(n, device=self.device))
             self.model.compute_logits(hidden[-min(n, self.config.max_num_seqs) :]).float()
@@ -127,36 +127,46 @@ class ModelRunner:
     def _prepare(
         self, out: SchedulerOutput
     ) -> tuple[Context, torch.Tensor, torch.Tensor, list[tuple[int, int]]]:
+        """Pack prefill chunks first, then single-token decodes; return (context, ids, positions,
+        [(scheduled index, packed row of its last token) for chunks that sample])."""
         bs = self.block_size
+        order = [i for i, s in enumerate(out.scheduled) if s.num_new_tokens > 1]
+        order += [i for i, s in enumerate(out.scheduled) if s.num_new_tokens == 1]
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        cu = [0]
-        context_lens: list[int] = []
         sample_rows: list[tuple[int, int]] = []
-        for i, item in enumerate(out.scheduled):
+        for i in order:
+            item = out.scheduled[i]
             seq, start = item.seq, item.seq.num_computed_tokens
             end = start + item.num_new_tokens
             input_ids += seq.token_ids[start:end]
             positions += range(start, end)
             slots += [seq.block_table[p // bs] * bs + p % bs for p in range(start, end)]
-            cu.append(cu[-1] + item.num_new_tokens)
-            context_lens.append(end)
             if item.samples:
-                sample_rows.append((i, cu[-1] - 1))
-        width = max(len(item.seq.block_table) for item in out.scheduled)
-        tables = [item.seq.block_table + [-1] * (width - len(item.seq.block_table)) for item in out.scheduled]
-        is_prefill = any(item.num_new_tokens > 1 for item in out.scheduled)
+                sample_rows.append((i, len(input_ids) - 1))
+        prefill = [out.scheduled[i] for i in order if out.scheduled[i].num_new_tokens > 1]
+        decode = [out.scheduled[i] for i in order if out.scheduled[i].num_new_tokens == 1]
         ctx = Context(
-            is_prefill=is_prefill,
-            slot_mapping=self._int32(slots),
-            block_tables=self._int32(tables),
-            cu_seqlens_q=self._int32(cu),
-            context_lens=self._int32(context_lens),
+            slot_mapping=self._int32(slots), num_prefill_tokens=sum(s.num_new_tokens for s in prefill)
         )
+        if prefill:
+            cu = [0]
+            for s in prefill:
+                cu.append(cu[-1] + s.num_new_tokens)
+            ctx.block_tables = self._block_tables(prefill)
+            ctx.cu_seqlens_q = self._int32(cu)
+            ctx.context_lens = self._int32([s.seq.num_computed_tokens + s.num_new_tokens for s in prefill])
+        if decode:
+            ctx.decode_block_tables = self._block_tables(decode)
+            ctx.decode_context_lens = self._int32([s.seq.num_computed_tokens + 1 for s in decode])
         ids = torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=True)
         pos = torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True)
         return ctx, ids, pos, sample_rows
+
+    def _block_tables(self, items: list) -> torch.Tensor:
+        width = max(len(s.seq.block_table) for s in items)
+        return self._int32([s.seq.block_table + [-1] * (width - len(s.seq.block_table)) for s in items])
 
     def _int32(self, data: list) -> torch.Tensor:
         return torch.tensor(data, dtype=torch.int32).to(self.device, non_blocking=True)
@@ -197,7 +207,7 @@ class ModelRunner:
         """log p(continuation[i] | prompt + continuation[:i]) for each continuation token."""
         tokens = list(prompt_token_ids) + list(continuation_token_ids)
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        set_context(Context(is_prefill=True, dense=True))
+        set_context(Context(dense=True))
         try:
             hidden = self.model(ids, torch.arange(len(tokens), device=self.device))
         finally:
