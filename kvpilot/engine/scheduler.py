@@ -114,10 +114,10 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         bm = self.block_manager
-        queue = list(self.running)
+        queue = deque(self.running)
         kept: list[Sequence] = []
         while queue and budget > 0:
-            seq = queue.pop(0)
+            seq = queue.popleft()
             n = min(seq.num_uncomputed_tokens, budget)
             if n < seq.num_uncomputed_tokens and not self._may_chunk(seq):
                 kept.append(seq)
