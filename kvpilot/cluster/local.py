@@ -210,6 +210,9 @@ class LocalCluster:
         return [
             f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            # A loopback advertise address is refused by the endpoint reconciler; nothing runs
+            # in-cluster that needs the `kubernetes` Service endpoints, so none is kept.
+            "--endpoint-reconciler-type=none",
             f"--secure-port={self.ports['kube-apiserver']}", f"--cert-dir={self.state_dir / 'pki'}",
             f"--tls-cert-file={keys.serving_cert}", f"--tls-private-key-file={keys.serving_key}",
             f"--client-ca-file={keys.ca_cert}",
