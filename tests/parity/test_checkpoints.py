@@ -176,10 +176,14 @@ def test_bad_requests_are_refused(tiny_qwen) -> None:
 def test_generation_config_eos_ids_stop_generation(tiny_qwen, tmp_path) -> None:
     import shutil
 
-    first = LLM(str(tiny_qwen), show_progress=False).generate(["hello"], SamplingParams(temperature=0, max_tokens=3))
+    first = LLM(str(tiny_qwen), show_progress=False).generate(
+        ["hello"], SamplingParams(temperature=0, max_tokens=3)
+    )
     token = first[0]["token_ids"][0]
     model = tmp_path / "model"
     shutil.copytree(tiny_qwen, model)
     (model / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, token]}))
-    out = LLM(str(model), show_progress=False).generate(["hello"], SamplingParams(temperature=0, max_tokens=3))[0]
+    out = LLM(str(model), show_progress=False).generate(
+        ["hello"], SamplingParams(temperature=0, max_tokens=3)
+    )[0]
     assert out["token_ids"] == [token] and out["finish_reason"] == "stop"
