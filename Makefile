@@ -16,9 +16,10 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# Builds etcd, kube-apiserver/-controller-manager/-scheduler, kwok and helm from tools/*/go.mod into
+# ${KVPILOT_CACHE_DIR:-~/.cache/kvpilot}/bin, or reuses them (see docs/benchmarks.md for timings).
 controlplane: install
-	@if $(PY) -c 'import kvpilot.cluster.build' 2>/dev/null; then $(VENV)/bin/kvpilot cluster build; \
-	else echo "control plane: builder not present yet"; fi
+	$(VENV)/bin/kvpilot cluster build
 
 lint: install
 	$(VENV)/bin/ruff check kvpilot tests bench
