@@ -8,6 +8,7 @@
     cluster.node_names         # ["kvpilot-gpu-0", "kvpilot-gpu-1"]
     cluster.stop()             # SIGTERM then SIGKILL every process by PID; removes the state dir
     LocalCluster.load(dir).stop()   # stop a cluster another process started (`kvpilot cluster down`)
+    LocalCluster(dir, die_with_parent=True)  # processes get SIGTERM if this Python process dies
 
 Binaries come from `kvpilot cluster build` (kvpilot.cluster.build). Everything listens on
 127.0.0.1 on free ports; the state dir holds certificates, etcd's data, logs/<process>.log and
@@ -45,11 +46,12 @@ class LocalCluster:
     """A loopback control plane whose processes and files live under `state_dir`."""
 
     def __init__(self, state_dir: Path, nodes: int = 2, node_spec: fake_nodes.GpuNodeSpec | None = None,
-                 start_timeout_s: float = 180.0) -> None:
+                 start_timeout_s: float = 180.0, die_with_parent: bool = False) -> None:
         self.state_dir = Path(state_dir).resolve()
         self.num_nodes = nodes
         self.node_spec = node_spec or fake_nodes.GpuNodeSpec()
         self.start_timeout_s = start_timeout_s
+        self.die_with_parent = die_with_parent
         self.pids: dict[str, int] = {}
         self.binaries: dict[str, str] = {}
         self.ports: dict[str, int] = {}
@@ -169,7 +171,7 @@ class LocalCluster:
     # ---- internals -----------------------------------------------------------------------
     def _spawn(self, name: str, args: list[str]) -> None:
         binary = str(build.binary_path(name))
-        proc = processes.spawn([binary, *args], self.log_path(name))
+        proc = processes.spawn([binary, *args], self.log_path(name), self.die_with_parent)
         self.pids[name], self.binaries[name] = proc.pid, binary
         self._save()
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -30,13 +31,20 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start `argv` detached from our session (it outlives `kvpilot cluster up`), logging to a file."""
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the parent dies (Linux prctl PR_SET_PDEATHSIG)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM, 0, 0, 0)
+
+
+def spawn(argv: list[str], log_path: Path, die_with_parent: bool = False) -> subprocess.Popen[bytes]:
+    """Start `argv` in its own session, logging to a file. It outlives us (`kvpilot cluster up`)
+    unless `die_with_parent` (test sessions: a killed pytest leaves no control plane behind)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, env=env,
+            start_new_session=True, preexec_fn=_die_with_parent if die_with_parent else None,
         )
 
 

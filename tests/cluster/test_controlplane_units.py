@@ -130,3 +130,17 @@ def test_cli_down_without_a_cluster_is_a_no_op(tmp_path) -> None:  # type: ignor
     result = subprocess.run([sys.executable, "-m", "kvpilot.cli", "cluster", "down", "--state-dir", str(tmp_path)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "no cluster state" in result.stderr
+
+
+def test_die_with_parent_children_stop_when_their_parent_is_killed(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    parent_code = (
+        "import sys, time; from pathlib import Path; from kvpilot.cluster import processes\n"
+        f"p = processes.spawn([sys.executable, '-c', 'import time; time.sleep(60)'], Path({str(tmp_path)!r}) / 'c.log', True)\n"
+        "print(p.pid, flush=True); time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())  # type: ignore[union-attr]
+    assert processes.is_alive(child)
+    parent.kill()
+    parent.wait(timeout=10)
+    processes.wait_until(lambda: not processes.is_alive(child), "child to follow its parent", 10)

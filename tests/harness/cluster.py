@@ -29,7 +29,7 @@ def k8s_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClust
     if missing:
         pytest.skip(f"control-plane binaries not built ({', '.join(missing)}): run `kvpilot cluster build`")
     state_dir = Path(tmp_path_factory.mktemp("k8s")) / "cluster"
-    cluster = LocalCluster(state_dir, nodes=int(os.environ.get("KVPILOT_TEST_NODES", "2")))
+    cluster = LocalCluster(state_dir, nodes=int(os.environ.get("KVPILOT_TEST_NODES", "2")), die_with_parent=True)
     cluster.start()
     print(f"\nlocal control plane ready in {cluster.started_in_s:.1f} s at {cluster.server}")
     try:
