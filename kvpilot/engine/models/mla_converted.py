@@ -1,0 +1,67 @@
+"""MLA conversion of a loaded Llama/Mistral/Qwen2 model: K/V through one shared SVD latent per layer.
+
+`convert_to_mla(model, rank)` replaces every layer's `self_attn` by `ConvertedMlaAttention`: the
+latent c = down x (width `rank`) is what the paged cache holds; attention reconstructs
+K = up_k c (+ bias), applies RoPE at each cached token's position, and V = up_v c (+ bias), then runs
+causal softmax attention (mla_attention.LatentAttention). All head dims are factorised (rope_dims 0
+in strategies/mla_conversion.py): these checkpoints were trained with RoPE on every dim, so the
+reconstructed key is rotated at attention time and W_UK is not absorbed (see docs/strategies.md).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvpilot.engine.mla_attention import LatentAttention
+from kvpilot.engine.models.llama import LlamaAttention
+from kvpilot.engine.strategies.mla_conversion import MlaConversion, factorize_kv
+
+
+class ConvertedMlaAttention(nn.Module):
+    """q_proj, RoPE and o_proj of the source layer; K/V reconstructed from the cached latent."""
+
+    def __init__(self, src: LlamaAttention, conv: MlaConversion) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = src.num_heads, src.num_kv_heads, src.head_dim
+        self.q_proj, self.o_proj, self.rotary_emb = src.q_proj, src.o_proj, src.rotary_emb
+        dtype, device = src.k_proj.weight.dtype, src.k_proj.weight.device
+        self.register_buffer("down", conv.down.to(device, dtype))
+        self.register_buffer("up_k", conv.up_k.to(device, dtype))
+        self.register_buffer("up_v", conv.up_v.to(device, dtype))
+        self.register_buffer("k_bias", None if src.k_proj.bias is None else src.k_proj.bias.detach().clone())
+        self.register_buffer("v_bias", None if src.v_proj.bias is None else src.v_proj.bias.detach().clone())
+        self.attn = LatentAttention(self.num_heads, conv.rank, src.attn.scale)
+        self.conversion = conv
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
+        q, _ = self.rotary_emb(positions, q, q[:, :1])
+        latent = F.linear(x, self.down)
+        o = self.attn(q, latent, positions, self._expand)
+        return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
+
+    def _expand(self, rows: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = rows.shape[0]
+        k = F.linear(rows, self.up_k, self.k_bias).view(n, self.num_kv_heads, self.head_dim)
+        v = F.linear(rows, self.up_v, self.v_bias).view(n, self.num_kv_heads, self.head_dim)
+        k, _ = self.rotary_emb(positions, k, k[:, :1])
+        return k, v
+
+
+@torch.no_grad()
+def convert_to_mla(model: nn.Module, rank: int) -> list[MlaConversion]:
+    """Factorise every layer's K/V projections to a rank-`rank` shared latent, in place; one report each."""
+    layers = model.model.layers
+    if not all(isinstance(layer.self_attn, LlamaAttention) for layer in layers):
+        raise ValueError("MLA conversion needs a Llama-style model (q/k/v/o projections); this one has none")
+    conversions = []
+    for layer in layers:
+        src = layer.self_attn
+        conv = factorize_kv(src.k_proj.weight.float(), src.v_proj.weight.float(), src.num_kv_heads, rank)
+        layer.self_attn = ConvertedMlaAttention(src, conv)
+        conversions.append(conv)
+    model.latent_cache_width = rank
+    return conversions
