@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -25,12 +27,15 @@ class Attention(nn.Module):
         self.scale = scale
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
+        self.kv_quant: Any = None  # kv_quant_cache.LayerKVQuant when the cache is int8/fp8/auto-switched
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]."""
         ctx = get_context()
         if ctx.dense:
             return self._dense_causal(q, k, v)
+        if self.kv_quant is not None:
+            return self.kv_quant.forward(self, q, k, v, ctx)
         out_dtype, cache_dtype = q.dtype, self.k_cache.dtype
         if cache_dtype != out_dtype:  # kv_cache_dtype differs from the model's: attend in the cache's
             q, k, v = q.to(cache_dtype), k.to(cache_dtype), v.to(cache_dtype)

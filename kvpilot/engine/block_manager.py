@@ -41,7 +41,9 @@ class Block:
 class BlockManager:
     """Owns block ids 0..num_blocks-1; sequences hold them through their block tables."""
 
-    def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True, first_block_id: int = 0
+    ) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         if block_size < 1:
@@ -49,9 +51,12 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.first_block_id = first_block_id  # ids first..first+num-1 (a second pool shares the id space)
+        self.blocks = [Block(first_block_id + i) for i in range(num_blocks)]
         self.hash_to_block_id: dict[int, int] = {}
-        self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(
+            range(first_block_id, first_block_id + num_blocks)
+        )
         self.used_block_ids: set[int] = set()
         self._cached_free = 0  # free blocks that still hold a registered prefix
         self.prefix_queried_tokens = 0
@@ -90,7 +95,7 @@ class BlockManager:
             block_id = self.hash_to_block_id.get(h)
             if block_id is None:
                 break
-            block = self.blocks[block_id]
+            block = self.blocks[block_id - self.first_block_id]
             if block.token_ids != tokens or block.prev_hash != prev:
                 break
             hits.append((block_id, h))
@@ -109,7 +114,7 @@ class BlockManager:
         leaving reserve_blocks free."""
         assert not seq.block_table, f"{seq.request_id} already holds blocks"
         hits = self.match_prefix(seq) if hits is None else hits
-        revived = sum(1 for block_id, _ in hits if self.blocks[block_id].ref_count == 0)
+        revived = sum(1 for block_id, _ in hits if self.blocks[block_id - self.first_block_id].ref_count == 0)
         fresh = self.blocks_for(len(hits) * self.block_size + num_new_tokens) - len(hits)
         return fresh + revived + reserve_blocks <= self.num_free_blocks
 
@@ -118,7 +123,7 @@ class BlockManager:
         assert self.can_allocate(seq, num_new_tokens, hits), f"cannot allocate for {seq.request_id}"
         hits = self.match_prefix(seq) if hits is None else hits
         for block_id, h in hits:
-            block = self.blocks[block_id]
+            block = self.blocks[block_id - self.first_block_id]
             if block.ref_count == 0:
                 del self.free_block_ids[block_id]
                 self._cached_free -= 1
@@ -135,20 +140,22 @@ class BlockManager:
 
     def can_append(self, seq: Sequence, num_new_tokens: int = 1) -> bool:
         """Whether seq can get slots for num_new_tokens beyond its computed tokens."""
-        needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        resident = seq.num_computed_tokens - seq.num_evicted_tokens
+        needed = self.blocks_for(resident + num_new_tokens) - len(seq.block_table)
         return needed <= self.num_free_blocks
 
     def may_append(self, seq: Sequence, num_new_tokens: int = 1) -> None:
         """Add fresh blocks to seq until num_new_tokens more slots fit."""
-        needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        resident = seq.num_computed_tokens - seq.num_evicted_tokens
+        needed = self.blocks_for(resident + num_new_tokens) - len(seq.block_table)
         assert needed <= self.num_free_blocks, f"out of KV blocks for {seq.request_id}"
         for _ in range(needed):
             seq.block_table.append(self._take_free_block())
 
     def commit(self, seq: Sequence) -> None:
         """Register seq's newly computed full blocks in the prefix cache."""
-        if not self.enable_prefix_caching:
-            return
+        if not self.enable_prefix_caching or seq.num_evicted_tokens:
+            return  # after eviction table index != logical block index; earlier blocks stay registered
         full = seq.num_computed_tokens // self.block_size
         for i in range(len(seq.block_hashes), full):
             tokens = tuple(seq.block_tokens(i, self.block_size))
@@ -157,7 +164,7 @@ class BlockManager:
             seq.block_hashes.append(h)
             if h in self.hash_to_block_id:
                 continue  # another sequence computed the same prefix first; keep theirs
-            block = self.blocks[seq.block_table[i]]
+            block = self.blocks[seq.block_table[i] - self.first_block_id]
             if block.hash != NO_HASH:
                 continue
             block.hash, block.prev_hash, block.token_ids = h, prev, tokens
@@ -166,7 +173,7 @@ class BlockManager:
     def deallocate(self, seq: Sequence) -> None:
         """Drop seq's references; blocks nobody holds go to the free list, tail first."""
         for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
+            block = self.blocks[block_id - self.first_block_id]
             assert block.ref_count > 0, f"double free of block {block_id}"
             block.ref_count -= 1
             if block.ref_count == 0:
@@ -176,10 +183,25 @@ class BlockManager:
         seq.block_table = []
         seq.block_hashes = []
         seq.num_computed_tokens = 0
+        seq.num_evicted_tokens = 0
+
+    def release_blocks(self, seq: Sequence, table_indices: list[int]) -> None:
+        """Drop seq's references to the blocks at these block-table indices (eviction)."""
+        drop = set(table_indices)
+        for i in sorted(drop, reverse=True):
+            block_id = seq.block_table[i]
+            block = self.blocks[block_id - self.first_block_id]
+            assert block.ref_count > 0, f"double free of block {block_id}"
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.used_block_ids.remove(block_id)
+                self.free_block_ids[block_id] = None
+                self._cached_free += block.hash != NO_HASH
+        seq.block_table = [b for i, b in enumerate(seq.block_table) if i not in drop]
 
     def _take_free_block(self) -> int:
         block_id, _ = self.free_block_ids.popitem(last=False)
-        block = self.blocks[block_id]
+        block = self.blocks[block_id - self.first_block_id]
         if block.hash != NO_HASH:
             self._cached_free -= 1
             if self.hash_to_block_id.get(block.hash) == block_id:

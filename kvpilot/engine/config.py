@@ -7,10 +7,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvpilot.engine.hybrid_config import HybridFields
+from kvpilot.engine.mla_config import DEEPSEEK_FAMILIES, DeepseekFields, deepseek_fields
+
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    "DeepseekV2ForCausalLM": "deepseek_v2",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
+    "MiniMaxForCausalLM": "minimax",
 }
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
@@ -37,6 +43,8 @@ class ModelConfig:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     sliding_window: int | None = None
+    deepseek: DeepseekFields | None = None  # MLA / MoE fields of DeepSeek-V2/V3 (mla_config.py)
+    hybrid: HybridFields | None = None  # MiniMax layer types, MoE, residual factors (hybrid_config.py)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
@@ -57,7 +65,10 @@ class ModelConfig:
         archs = raw.get("architectures") or []
         family = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if family is None:
-            family = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}.get(raw.get("model_type", ""))
+            family = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "minimax": "minimax",
+                      **{f: f for f in DEEPSEEK_FAMILIES}}.get(
+                raw.get("model_type", "")
+            )
         if family is None:
             raise ValueError(
                 f"{source}: architectures={archs} model_type={raw.get('model_type')!r} is not supported; "
@@ -80,7 +91,7 @@ class ModelConfig:
             rope_theta=float(
                 raw.get("rope_theta", (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0))
             ),
-            rope_scaling=_rope_scaling(raw),
+            rope_scaling=None if family in DEEPSEEK_FAMILIES else _rope_scaling(raw),
             max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=family == "qwen2" or bool(raw.get("attention_bias", False)),
@@ -88,6 +99,8 @@ class ModelConfig:
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=eos_ids,
             sliding_window=raw.get("sliding_window") if raw.get("use_sliding_window", True) else None,
+            deepseek=deepseek_fields(family, raw, source) if family in DEEPSEEK_FAMILIES else None,
+            hybrid=HybridFields.from_dict(raw, source) if family == "minimax" else None,
         )
 
 
@@ -123,6 +136,32 @@ class EngineConfig:
     strategy: str = "native"
     kv_cache_dtype: str = "auto"
     show_progress: bool = True
+    # Memory strategies (kv_strategy.py): GQA conversion and KV quantisation, each with its off switch.
+    attention: str = "native"
+    kv_head_groups: int | None = None
+    disable_gqa: bool = False
+    kv_quant_auto_threshold: int | None = None  # kv_cache_dtype=auto: int8 blocks at >= this batch
+    kv_quant_auto_hysteresis: int | None = None  # back to 16-bit below threshold - this (threshold // 4)
+    kv_quant_auto_split: float = 0.5  # share of the KV memory for the 16-bit pool under auto switching
+    disable_kv_quant: bool = False
+    latent_rank: int | None = None  # attention="mla" on an MHA/GQA checkpoint: SVD latent width (mla_strategy.py)
+    disable_mla: bool = False  # serve the checkpoint's own attention (native DeepSeek: no absorbed decode)
+    # attention="linear" on a softmax checkpoint (performer_attention.py): exact window + summary
+    linear_window: int = 64  # most recent tokens attended exactly (the query's own included)
+    linear_features: int | None = None  # random features per KV head (None: head_dim)
+    linear_seed: int = 0  # seeds the feature draw (part of the converted model)
+    disable_linear: bool = False  # serve the checkpoint's softmax attention
+    # Long-context eviction (eviction.py): none | sinks | ladder; token counts, rounded up to blocks
+    eviction: str = "none"
+    eviction_sinks: int = 4
+    eviction_window: int = 1024
+    eviction_ladder_span: int | None = None  # blocks before the window per ladder level (None: window)
+    # Runtime validation (validation_runner.py) and sampled head utilisation (head_utilization.py)
+    validate_every: int = 100  # decode tokens between checks of one sequence
+    validation_sample_rate: float = 0.1  # share of sequences checked (by request id hash)
+    validation_layer: int = -1  # the layer whose attention is compared (negative: from the end)
+    validation_threshold: float = 0.92  # cosine below this moves the sequence to the exact path
+    head_utilization_every: int = 64  # decode steps between gqa_head_utilization samples (0: off)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -145,8 +184,15 @@ class EngineConfig:
             raise ValueError(
                 f"max_model_len must be >= 2 or None (from config.json), got {self.max_model_len}"
             )
-        if self.kv_cache_dtype not in ("auto", *DTYPES[1:]):
+        from kvpilot.engine.eviction import check_eviction_config
+        from kvpilot.engine.kv_strategy import check_kv_strategy
+
+        check_eviction_config(self)
+
+        check_kv_strategy(self)
+        if self.linear_window < 1 or (self.linear_features is not None and self.linear_features < 1):
             raise ValueError(
-                f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported by the engine core; use 'auto' "
-                "(the model dtype), float32, float16 or bfloat16"
+                f"linear_window ({self.linear_window}) and linear_features ({self.linear_features}) must be >= 1"
             )
+        if self.latent_rank is not None and self.latent_rank < 1:
+            raise ValueError(f"latent_rank must be >= 1 or None (a DeepSeek model's own kv_lora_rank), got {self.latent_rank}")

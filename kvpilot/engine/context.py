@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -25,6 +26,10 @@ class Context:
     context_lens: torch.Tensor | None = None
     decode_block_tables: torch.Tensor | None = None
     decode_context_lens: torch.Tensor | None = None
+    kv_split: Any = None  # kv_quant_cache.KVSplit: the step's tokens by KV pool, set by the first layer
+    # state-pool slot per prefill chunk / per decode, for layers with a recurrent state (linear_state.py)
+    linear_slots: torch.Tensor | None = None
+    decode_linear_slots: torch.Tensor | None = None
 
     @property
     def is_prefill(self) -> bool:

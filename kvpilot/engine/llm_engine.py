@@ -8,10 +8,12 @@ from typing import Any
 
 import torch
 
-from kvpilot.engine.block_manager import BlockManager
 from kvpilot.engine.config import EngineConfig, ModelConfig
 from kvpilot.engine.engine_stats import EngineStats, build_feed
+from kvpilot.engine.kv_wiring import apply_kv_stats, build_block_manager
 from kvpilot.engine.model_runner import ModelRunner
+from kvpilot.engine.paged_scoring import score_paged
+from kvpilot.engine.runtime_checks import RuntimeChecks
 from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.scheduler import Scheduler
 from kvpilot.engine.sequence import Sequence
@@ -45,8 +47,11 @@ class LLMEngine:
         self.tokenizer = Tokenizer(config.model, self.model_config.eos_token_ids)
         self.runner = ModelRunner(config, self.model_config)
         self.max_model_len = self._max_model_len()
-        self.block_manager = BlockManager(
-            self.runner.num_kv_blocks, config.block_size, config.enable_prefix_caching
+        self.block_manager = build_block_manager(  # kv_wiring.py: two pools under kv_cache_dtype=auto switching
+            config,
+            self.runner,
+            # a recurrent state cannot start from a cached prefix: it is built from token 0
+            config.enable_prefix_caching and self.runner.linear_state is None,
         )
         self.scheduler = Scheduler(
             self.block_manager,
@@ -56,6 +61,8 @@ class LLMEngine:
             enable_chunked_prefill=config.enable_chunked_prefill,
             eos_token_ids=self.tokenizer.eos_token_ids,
         )
+        self.checks = RuntimeChecks(self)  # runtime_checks.py: eviction, validation, head utilisation
+        self.evictor = self.checks.evictor
         self.stats_state = EngineStats()
         self._seqs: dict[str, Sequence] = {}
         self._texts: dict[str, str] = {}
@@ -64,7 +71,9 @@ class LLMEngine:
 
     def _max_model_len(self) -> int:
         mc = self.model_config
-        limits = [mc.max_position_embeddings, self.runner.num_kv_blocks * self.config.block_size]
+        limits = [mc.max_position_embeddings, min(self.runner.kv_pool_sizes) * self.config.block_size]
+        if self.config.eviction != "none":  # eviction.py bounds each sequence's resident blocks instead
+            limits.pop()
         if self.config.max_model_len is not None:
             limits.append(self.config.max_model_len)
         if mc.sliding_window:
@@ -103,8 +112,11 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
         scheduled = self.scheduler.schedule()
+        for seq in scheduled.preempted:  # a preempted sequence's recurrent state is lost (a summary miss later)
+            self.runner.release_state(seq.request_id)
         if scheduled.is_empty:
             return outputs
+        self.checks.before_run(scheduled)
         try:
             sampled = self.runner.run(scheduled)
         except torch.OutOfMemoryError:
@@ -123,6 +135,7 @@ class LLMEngine:
             outputs.append(self._output(seq, [token]))
             if seq.is_finished:
                 self._forget(seq)
+        self.checks.after_step(scheduled)
         return outputs
 
     def _check_stop_strings(self, seq: Sequence) -> None:
@@ -168,6 +181,8 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         if any(not 0 <= t < vocab for t in [*prompt_token_ids, *continuation_token_ids]):
             raise ValueError(f"token ids must be in [0, {vocab})")
+        if self.evictor is not None:  # scoring must see what serving sees: the evicted view
+            return score_paged(self, prompt_token_ids, continuation_token_ids)
         return self.runner.score(prompt_token_ids, continuation_token_ids)
 
     def reset_stats(self) -> None:
@@ -176,6 +191,8 @@ class LLMEngine:
         self.block_manager.prefix_queried_tokens = 0
         self.block_manager.prefix_hit_tokens = 0
         self.scheduler.num_preemptions = 0
+        if self.runner.linear_state is not None:
+            self.runner.linear_state.reset_stats()
 
     def record_rejection(self, reason: str) -> None:
         self.stats_state.record_rejection(reason)
@@ -194,7 +211,13 @@ class LLMEngine:
             "device": runner.device.type,
             "ready": self.ready,
             "kv_cache_dtype": str(runner.kv_dtype).removeprefix("torch."),
+            "mla": runner.mla.stats(),  # mode, latent width, SVD reconstruction error (mla_strategy.py)
         }
-        return build_feed(
+        feed = build_feed(
             self.stats_state, info, self.block_manager, self.scheduler, runner.bytes_per_block, memory
         )
+        if runner.linear_state is not None:  # summary hits/misses of the recurrent-state pool
+            feed["linear"] = runner.linear_state.stats()
+        self.checks.fill_feed(feed)  # validation counters, gqa_head_utilization
+        apply_kv_stats(feed, runner, self.block_manager)  # KV dtype in use, sequences per dtype, pool bytes
+        return feed

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -13,7 +14,14 @@ from tqdm import tqdm
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# MiniMax checkpoints also store lightning attention's decay tables (recomputed from the config)
+IGNORED_SUFFIXES = (
+    "rotary_emb.inv_freq",
+    "self_attn.slope_rate",
+    "self_attn.query_decay",
+    "self_attn.key_decay",
+    "self_attn.diagonal_decay",
+)
 
 
 class WeightIntegrityError(ValueError):
@@ -68,8 +76,11 @@ def load_weights(
     model_dir: str | Path,
     sha256: dict[str, str] | None = None,
     show_progress: bool = True,
+    transform: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
 ) -> int:
-    """Copy every tensor of the checkpoint into model's parameters; return the bytes loaded."""
+    """Copy every tensor of the checkpoint into model's parameters; return the bytes loaded.
+
+    `transform(name, tensor)` may rewrite a tensor before the shape check (GQA conversion)."""
     if sha256:
         verify_sha256(model_dir, sha256)
     params = dict(model.named_parameters(remove_duplicate=False))
@@ -87,6 +98,8 @@ def load_weights(
                             f"{path.name}: tensor {name!r} has no matching parameter in the model"
                         )
                     tensor = f.get_tensor(name)
+                    if transform is not None:
+                        tensor = transform(name, tensor)
                     param = params[name]
                     if tuple(tensor.shape) != tuple(param.shape):
                         raise ValueError(

@@ -6,9 +6,12 @@ import torch
 
 from kvpilot.engine.config import EngineConfig, ModelConfig
 from kvpilot.engine.context import Context, reset_context, set_context
+from kvpilot.engine.gqa_load import gqa_transform
+from kvpilot.engine.kv_quant_cache import allocate_quantised_kv_cache, kv_layout_for
+from kvpilot.engine.kv_strategy import served_model_config
+from kvpilot.engine.linear_state import build_linear_state
 from kvpilot.engine.loader import load_weights
 from kvpilot.engine.memory import (
-    DTYPES,
     cuda_kv_blocks,
     estimate_activation_bytes,
     kv_bytes_per_block,
@@ -16,6 +19,7 @@ from kvpilot.engine.memory import (
     pick_dtype,
     torch_memory,
 )
+from kvpilot.engine.mla_strategy import apply_mla
 from kvpilot.engine.models import build_model
 from kvpilot.engine.sampler import sample
 from kvpilot.engine.scheduler import SchedulerOutput
@@ -27,23 +31,30 @@ class ModelRunner:
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig) -> None:
         self.config = config
-        self.model_config = model_config
+        self.model_config = model_config = served_model_config(config, model_config)  # GQA conversion
         self.device = pick_device(config.device)
         self.dtype = pick_dtype(config.dtype, model_config.torch_dtype, self.device)
-        self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else DTYPES[config.kv_cache_dtype]
+        self.kv_layout = kv_layout_for(config, self.dtype)  # kv_quant_cache.py: 16-bit, int8, fp8, auto
+        self.kv_dtype = self.kv_layout.dtype
         self.block_size = config.block_size
         with torch.device("meta"):  # no memory until the target device, already in the target dtype
             model = build_model(model_config).to(self.dtype)
         self.model = model.to_empty(device=self.device)
         self.model.tie_weights()
         self._restore_buffers()
-        load_weights(self.model, config.model, config.weight_sha256, config.show_progress)
+        load_weights(
+            self.model, config.model, config.weight_sha256, config.show_progress, gqa_transform(config, model_config)
+        )
         self.model.eval()
+        self.mla = apply_mla(self.model, config, model_config)  # native DeepSeek MLA or SVD conversion
+        self.linear_state = build_linear_state(self.model, config, self.device)  # None: no recurrent state
         self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.generators: dict[str, torch.Generator] = {}
+        self.last_sample_rows: list[tuple[int, int]] = []
         self.activation_peak_bytes = 0
         self._baseline_allocated = torch.cuda.memory_allocated(self.device) if self.is_cuda else 0
         self.num_kv_blocks = self._size_kv_pool()
+        self.kv_pool_sizes: tuple[int, ...] = (self.num_kv_blocks,)  # (16-bit, int8) under auto switching
         self._allocate_kv_cache()
 
     @property
@@ -57,17 +68,22 @@ class ModelRunner:
         for module in self.model.modules():
             if isinstance(module, RotaryEmbedding):
                 module.inv_freq = rope_inv_freq(mc.head_dim, mc.rope_theta, mc.rope_scaling).to(self.device)
+        if hasattr(self.model, "restore_buffers"):  # models with their own rotary (DeepSeek)
+            self.model.restore_buffers(self.device)
 
     # -- KV pool -------------------------------------------------------------------------
     @property
     def bytes_per_block(self) -> int:
-        return kv_bytes_per_block(self.model_config, self.block_size, self.kv_dtype)
+        if self.kv_layout.is_quantised:  # 8-bit blocks with their scales (auto: the 16-bit block)
+            return self.kv_layout.bytes_per_block(self.model_config, self.block_size)
+        return kv_bytes_per_block(self.model_config, self.block_size, self.kv_dtype, self.mla.latent_width)
 
     def _size_kv_pool(self) -> int:
         if self.config.num_kv_blocks is not None:
             return self.config.num_kv_blocks
         if not self.is_cuda:
-            return max(1, self.config.cpu_kv_cache_bytes // self.bytes_per_block)
+            state = self.linear_state.bytes_total if self.linear_state is not None else 0
+            return max(1, (self.config.cpu_kv_cache_bytes - state) // self.bytes_per_block)
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
         self._profile_run()
@@ -90,9 +106,18 @@ class ModelRunner:
 
     def _allocate_kv_cache(self) -> None:
         mc = self.model_config
+        if self.kv_layout.is_quantised:  # int8 / fp8 / auto switching: 8-bit K/V and scales per layer
+            return allocate_quantised_kv_cache(self)
+        if self.mla.latent_width is not None:  # MLA: one latent row per token and layer (mla_attention.py)
+            layers = self.model.attention_layers()
+            shape = (len(layers), self.num_kv_blocks, self.block_size, self.mla.latent_width)
+            self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+            for i, attn in enumerate(layers):
+                attn.kv_cache = self.kv_cache[i]
+            return
         shape = (
             2,
-            mc.num_hidden_layers,
+            len(self.model.attention_layers()),
             self.num_kv_blocks,
             self.block_size,
             mc.num_key_value_heads,
@@ -108,6 +133,9 @@ class ModelRunner:
     def run(self, out: SchedulerOutput) -> list[int | None]:
         """Run the scheduled chunks; return a sampled token for each chunk that ends its sequence."""
         ctx, input_ids, positions, sample_rows = self._prepare(out)
+        self.last_sample_rows = sample_rows  # (scheduled index, packed row): read by validation_runner.py
+        if self.linear_state is not None:
+            self.linear_state.attach(ctx, out)
         set_context(ctx)
         try:
             hidden = self.model(input_ids, positions)
@@ -142,7 +170,8 @@ class ModelRunner:
             end = start + item.num_new_tokens
             input_ids += seq.token_ids[start:end]
             positions += range(start, end)
-            slots += [seq.block_table[p // bs] * bs + p % bs for p in range(start, end)]
+            ev = seq.num_evicted_tokens  # eviction.py: the table holds the resident view only
+            slots += [seq.block_table[(p - ev) // bs] * bs + (p - ev) % bs for p in range(start, end)]
             if item.samples:
                 sample_rows.append((i, len(input_ids) - 1))
         prefill = [out.scheduled[i] for i in order if out.scheduled[i].num_new_tokens > 1]
@@ -156,10 +185,14 @@ class ModelRunner:
                 cu.append(cu[-1] + s.num_new_tokens)
             ctx.block_tables = self._block_tables(prefill)
             ctx.cu_seqlens_q = self._int32(cu)
-            ctx.context_lens = self._int32([s.seq.num_computed_tokens + s.num_new_tokens for s in prefill])
+            ctx.context_lens = self._int32(
+                [s.seq.num_computed_tokens - s.seq.num_evicted_tokens + s.num_new_tokens for s in prefill]
+            )
         if decode:
             ctx.decode_block_tables = self._block_tables(decode)
-            ctx.decode_context_lens = self._int32([s.seq.num_computed_tokens + 1 for s in decode])
+            ctx.decode_context_lens = self._int32(
+                [s.seq.num_computed_tokens - s.seq.num_evicted_tokens + 1 for s in decode]
+            )
         ids = torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=True)
         pos = torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True)
         return ctx, ids, pos, sample_rows
@@ -190,8 +223,14 @@ class ModelRunner:
         return gen
 
     def release(self, request_id: str) -> None:
-        """Forget per-request device state (its seeded generator)."""
+        """Forget per-request device state (its seeded generator, its recurrent-state slot)."""
         self.generators.pop(request_id, None)
+        self.release_state(request_id)
+
+    def release_state(self, request_id: str) -> None:
+        """Free the request's recurrent-state slot (preemption: it is rebuilt from token 0 later)."""
+        if self.linear_state is not None:
+            self.linear_state.free(request_id)
 
     def _track_activation(self, num_tokens: int, num_logit_rows: int) -> None:
         if self.is_cuda:

@@ -1,0 +1,116 @@
+"""KV-cache dtype and GQA-conversion settings of an EngineConfig: validation, resolution, naming.
+
+Torch-free (the server's CLI and capacity plan import it). `kv_cache_dtype` values:
+
+- `auto`: the model's compute dtype, as before; with `kv_quant_auto_threshold` set, new sequences
+  switch between a 16-bit pool and an int8 pool by running batch size (see kv_pools.py).
+- `bfloat16`/`bf16`, `float16`/`fp16`, `float32`: a 16/32-bit cache of that dtype.
+- `int8` (symmetric, per token and KV head scales), `fp8` (e4m3, per KV head scales): 8-bit caches
+  dequantised inside the attention kernels (kernels/kv_quant).
+
+`disable_kv_quant` turns int8/fp8/auto-switching into the model-dtype cache; `disable_gqa` serves
+the checkpoint's own KV heads. Each changes nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvpilot.engine.config import EngineConfig, ModelConfig
+
+ATTENTIONS = ("native", "gqa", "mla", "linear")
+KV_CACHE_DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "float32", "int8", "fp8")
+QUANTISED = ("int8", "fp8")
+_CANONICAL = {"bf16": "bfloat16", "fp16": "float16"}
+_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+AUTO_QUANT_DTYPE = "int8"  # the 8-bit pool of kv_cache_dtype=auto (per-token scales: no calibration)
+
+
+def check_kv_strategy(config: EngineConfig) -> None:
+    """Raise ValueError for KV-dtype / attention settings the engine cannot serve."""
+    if config.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(
+            f"kv_cache_dtype {config.kv_cache_dtype!r} is not supported; choose one of {', '.join(KV_CACHE_DTYPES)}"
+        )
+    threshold = config.kv_quant_auto_threshold
+    if threshold is not None:
+        if threshold < 1:
+            raise ValueError(f"kv_quant_auto_threshold must be >= 1 or None (never switch), got {threshold}")
+        if config.kv_cache_dtype != "auto":
+            raise ValueError(
+                f"kv_quant_auto_threshold applies to kv_cache_dtype='auto' only, not {config.kv_cache_dtype!r}"
+            )
+    hysteresis = config.kv_quant_auto_hysteresis
+    if hysteresis is not None and hysteresis < 0:
+        raise ValueError(f"kv_quant_auto_hysteresis must be >= 0 or None (threshold // 4), got {hysteresis}")
+    if not 0.0 < config.kv_quant_auto_split < 1.0:
+        raise ValueError(
+            f"kv_quant_auto_split (share of KV memory for the 16-bit pool) must be in (0, 1), "
+            f"got {config.kv_quant_auto_split}"
+        )
+    if config.attention not in ATTENTIONS:
+        raise ValueError(f"attention {config.attention!r} is not supported; choose one of {', '.join(ATTENTIONS)}")
+    if config.attention == "gqa" and (config.kv_head_groups is None or config.kv_head_groups < 1):
+        raise ValueError(
+            f"attention='gqa' needs kv_head_groups >= 1 (KV heads after merging), got {config.kv_head_groups}"
+        )
+
+
+def kv_cache_kind(config: EngineConfig) -> str:
+    """The cache the engine allocates: 'model' (compute dtype), 'float32'/'float16'/'bfloat16',
+    'int8', 'fp8', or 'auto-switch' (16-bit and int8 pools)."""
+    name = _CANONICAL.get(config.kv_cache_dtype, config.kv_cache_dtype)
+    if config.disable_kv_quant and (name in QUANTISED or name == "auto"):
+        return "model"
+    if name == "auto":
+        return "auto-switch" if config.kv_quant_auto_threshold is not None else "model"
+    return name
+
+
+def auto_hysteresis(config: EngineConfig) -> int:
+    """Running sequences below the threshold before new sequences go back to 16-bit blocks."""
+    if config.kv_quant_auto_hysteresis is not None:
+        return config.kv_quant_auto_hysteresis
+    return max(1, (config.kv_quant_auto_threshold or 0) // 4)
+
+
+def gqa_groups(config: EngineConfig) -> int | None:
+    """KV heads after conversion, or None when the checkpoint's heads are served."""
+    if config.attention != "gqa" or config.disable_gqa:
+        return None
+    return config.kv_head_groups
+
+
+def served_model_config(config: EngineConfig, model_config: ModelConfig) -> ModelConfig:
+    """The architecture the engine runs: num_key_value_heads = kv_head_groups under GQA conversion."""
+    groups = gqa_groups(config)
+    if groups is None or groups == model_config.num_key_value_heads:
+        return model_config
+    heads = model_config.num_key_value_heads
+    if heads % groups:
+        raise ValueError(
+            f"kv_head_groups={groups} must divide the checkpoint's num_key_value_heads={heads}; "
+            f"choose one of {[g for g in range(1, heads + 1) if heads % g == 0]}"
+        )
+    return replace(model_config, num_key_value_heads=groups)
+
+
+def strategy_label(config: EngineConfig, model_dtype: str) -> str:
+    """X-Model-Strategy default: attention (with its parameter) and KV dtype, e.g. `gqa4-int8`,
+    `native-bf16`, `native-auto8` (16-bit/int8 switching). model_dtype: the cache dtype 'model' means."""
+    attention = config.attention
+    if attention == "gqa":
+        groups = gqa_groups(config)
+        attention = f"gqa{groups}" if groups is not None else "native"
+    elif attention == "native" and config.strategy != "native":
+        attention = config.strategy  # a name set by another strategy's wiring
+    kind = kv_cache_kind(config)
+    if kind == "model":
+        kv = _SHORT.get(model_dtype, model_dtype)
+    elif kind == "auto-switch":
+        kv = f"auto{config.kv_quant_auto_threshold}"
+    else:
+        kv = _SHORT.get(kind, kind)
+    return f"{attention}-{kv}"
