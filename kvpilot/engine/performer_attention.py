@@ -1,0 +1,181 @@
+"""attention="linear" on a softmax checkpoint: Performer features + an exact recent window.
+
+Each converted layer keeps the paged KV cache as before (the window is read from it) and a summary
+per sequence in the state pool: per KV head `[m, Dv + 1]` = (sum phi(k) v^T | sum phi(k)) over every
+token older than the window. A query at position t weighs keys in (t - W, t] exactly,
+exp(scale q.k), and older keys by phi(q).phi(k) (strategies/performer.py: positive orthogonal random
+features, unbiased for exp(scale q.k)); one normalisation combines both. With W >= the context the
+layer is exact softmax attention. After a chunk [s, e) the summary holds positions < e - W + 1.
+
+Correctness first: a torch loop over the step's sequences; the window's K/V are gathered from the
+paged cache, which still holds every token (blocks leaving the window are not freed yet).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from kvpilot.engine.attention import Attention
+from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.context import Context, get_context
+from kvpilot.engine.kernels import store_kvcache
+from kvpilot.engine.strategies.performer import draw_features
+
+
+class PerformerAttention(Attention):
+    """Softmax attention replaced by exact-window + random-feature summary, same paged KV cache."""
+
+    def __init__(self, base: Attention, window: int, features: torch.Tensor) -> None:
+        super().__init__(base.num_heads, base.num_kv_heads, base.head_dim, base.scale)
+        self.k_cache, self.v_cache = base.k_cache, base.v_cache
+        self.window = window
+        self.features = features  # [Hkv, m, D] fp32, a plain attribute (drawn from a seed, not loaded)
+        self.num_features = features.shape[1]
+        self.state_pool = torch.empty(0)
+
+    @property
+    def state_shape(self) -> tuple[int, int, int]:
+        """One sequence's summary in this layer: [Hkv, m, Dv + 1] (kv | z)."""
+        return (self.num_kv_heads, self.num_features, self.head_dim + 1)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        ctx = get_context()
+        if self.features.device != q.device:
+            self.features = self.features.to(q.device)
+        w = self.features
+        if ctx.dense:
+            state = torch.zeros(self.state_shape, dtype=torch.float32, device=q.device)
+            return self._attend(q, k.float(), v.float(), 0, 0, state, w).to(q.dtype)
+        store_kvcache(
+            k.to(self.k_cache.dtype), v.to(self.v_cache.dtype), self.k_cache, self.v_cache, ctx.slot_mapping
+        )
+        out = torch.empty_like(q)
+        for row, start, length, slot, table in _sequences(ctx, q.shape[0]):
+            key_lo = max(0, start - self.window + 1)
+            keys, values = self._gather(table, key_lo, start + length)
+            out[row : row + length] = self._attend(
+                q[row : row + length], keys, values, key_lo, start, self.state_pool[slot], w
+            ).to(q.dtype)
+        return out
+
+    def _gather(self, table: list[int], lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        bs = self.k_cache.shape[1]
+        slots = torch.tensor(
+            [table[p // bs] * bs + p % bs for p in range(lo, hi)], device=self.k_cache.device
+        )
+        k = self.k_cache.reshape(-1, self.num_kv_heads, self.head_dim)[slots]
+        v = self.v_cache.reshape(-1, self.num_kv_heads, self.head_dim)[slots]
+        return k.float(), v.float()
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_lo: int,
+        start: int,
+        state: torch.Tensor,
+        w: torch.Tensor,
+    ) -> torch.Tensor:
+        """Queries at positions start.. over keys at key_lo.. (through the query's own) and the summary
+        in `state` (updated in place with the keys that leave the window) -> [n, Hq, D] fp32."""
+        group = self.num_heads // self.num_kv_heads
+        n, length = q.shape[0], k.shape[0]
+        qf = q.float()
+        lq = _log_features(qf, w.repeat_interleave(group, 0), self.scale)  # [n, Hq, m]
+        lk = _log_features(k, w, self.scale)  # [L, Hkv, m]
+        kq = k.repeat_interleave(group, 1)
+        vq = v.repeat_interleave(group, 1)
+        exact = torch.einsum("nhd,lhd->hnl", qf, kq) * self.scale
+        lk_max = lk.amax(dim=(0, 2), keepdim=True)  # per KV head: shift before leaving log space
+        lq_max = lq.amax(dim=2, keepdim=True)
+        dots = torch.einsum(
+            "nhm,lhm->hnl", (lq - lq_max).exp(), (lk - lk_max).exp().repeat_interleave(group, 1)
+        )
+        approx = dots.log() + lq_max.permute(1, 0, 2) + lk_max.repeat_interleave(group, 1).permute(1, 0, 2)
+        age = (start + torch.arange(n, device=q.device))[:, None] - (
+            key_lo + torch.arange(length, device=q.device)
+        )
+        logits = torch.where(age < self.window, exact, approx).masked_fill(age < 0, float("-inf"))
+        summary = state.repeat_interleave(group, 0)  # [Hq, m, Dv + 1]
+        shift = torch.maximum(logits.amax(dim=2), lq.amax(dim=2).transpose(0, 1))  # [Hq, n]
+        p = (logits - shift[:, :, None]).exp()
+        phi_q = (lq.transpose(0, 1) - shift[:, :, None]).exp()  # [Hq, n, m]
+        num_den = torch.einsum("hnm,hmv->hnv", phi_q, summary)
+        num = torch.einsum("hnl,lhv->hnv", p, vq) + num_den[:, :, :-1]
+        den = p.sum(dim=2) + num_den[:, :, -1]
+        self._fold(state, k, v, lk, key_lo, start + n)
+        return (num / den[:, :, None]).transpose(0, 1)
+
+    def _fold(
+        self, state: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lk: torch.Tensor, key_lo: int, end: int
+    ) -> None:
+        """Add the keys leaving the window after position end - 1 (positions < end - W + 1) to the summary."""
+        first, last = key_lo, max(0, end - self.window + 1)  # the summary held positions < key_lo
+        if last <= first:
+            return
+        rows = slice(first - key_lo, last - key_lo)
+        phi = lk[rows].exp()  # [N, Hkv, m]
+        state[:, :, :-1] += torch.einsum("nhm,nhv->hmv", phi, v[rows])
+        state[:, :, -1] += phi.sum(dim=0)
+
+
+def _log_features(x: torch.Tensor, w: torch.Tensor, scale: float) -> torch.Tensor:
+    """log phi(x) per head: x [N, H, d], w [H, m, d] -> [N, H, m] (strategies/performer.py, per head)."""
+    xs = x * math.sqrt(scale)
+    return (
+        torch.einsum("nhd,hmd->nhm", xs, w)
+        - 0.5 * (xs * xs).sum(-1, keepdim=True)
+        - 0.5 * math.log(w.shape[1])
+    )
+
+
+def _sequences(ctx: Context, num_tokens: int) -> list[tuple[int, int, int, int, list[int]]]:
+    """(first packed row, first position, tokens, state slot, block table) of every sequence this step."""
+    seqs: list[tuple[int, int, int, int, list[int]]] = []
+    row = 0
+    if ctx.num_prefill_tokens:
+        cu = ctx.cu_seqlens_q.tolist()
+        for b, (ctx_len, slot, table) in enumerate(
+            zip(ctx.context_lens.tolist(), ctx.linear_slots.tolist(), ctx.block_tables.tolist(), strict=True)
+        ):
+            length = cu[b + 1] - cu[b]
+            seqs.append((row, ctx_len - length, length, slot, table))
+            row += length
+    if row < num_tokens:
+        for ctx_len, slot, table in zip(
+            ctx.decode_context_lens.tolist(),
+            ctx.decode_linear_slots.tolist(),
+            ctx.decode_block_tables.tolist(),
+            strict=True,
+        ):
+            seqs.append((row, ctx_len - 1, 1, slot, table))
+            row += 1
+    return seqs
+
+
+def convert_to_performer(model: nn.Module, config: EngineConfig) -> int:
+    """Replace every paged softmax Attention of the model with a PerformerAttention; return how many.
+
+    Features per layer and KV head come from a generator seeded with (linear_seed, layer): the same
+    config always gives the same converted model.
+    """
+    converted = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is not Attention:
+                continue
+            m = config.linear_features or child.head_dim
+            gen = torch.Generator().manual_seed(config.linear_seed * 100_003 + converted)
+            w = torch.stack([draw_features(m, child.head_dim, gen) for _ in range(child.num_kv_heads)])
+            setattr(parent, name, PerformerAttention(child, config.linear_window, w))
+            converted += 1
+    if not converted:
+        raise ValueError(
+            f"attention='linear' found no softmax attention layer to convert in {type(model).__name__}; "
+            "it applies to Llama/Qwen2/Mistral checkpoints"
+        )
+    return converted
