@@ -52,7 +52,7 @@ def kv_occupancy(running: list[Sequence], block_size: int) -> tuple[int, int]:
     """(live token slots, allocated token slots) over the distinct blocks live sequences hold."""
     filled: dict[int, int] = {}
     for seq in running:
-        computed = seq.num_computed_tokens
+        computed = seq.num_computed_tokens - seq.num_evicted_tokens  # the table holds the resident view
         for i, block_id in enumerate(list(seq.block_table)):
             n = min(max(computed - i * block_size, 0), block_size)
             filled[block_id] = max(filled.get(block_id, 0), n)

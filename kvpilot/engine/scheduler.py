@@ -72,6 +72,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.max_chunk_tokens: int | None = None  # set under eviction: a chunk's K/V must fit beside the view
 
     # -- queue ---------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -118,7 +119,7 @@ class Scheduler:
         kept: list[Sequence] = []
         while queue and budget > 0:
             seq = queue.popleft()
-            n = min(seq.num_uncomputed_tokens, budget)
+            n = min(seq.num_uncomputed_tokens, budget, self.max_chunk_tokens or budget)
             if n < seq.num_uncomputed_tokens and not self._may_chunk(seq):
                 kept.append(seq)
                 continue
@@ -140,7 +141,7 @@ class Scheduler:
             seq = self.waiting[0]
             hits = bm.match_prefix(seq)
             remaining = len(seq) - len(hits) * bm.block_size
-            n = min(remaining, budget)
+            n = min(remaining, budget, self.max_chunk_tokens or budget)
             if n < remaining and not self._may_chunk(seq):
                 break
             reserve = self.watermark_blocks if self.running else 0

@@ -29,6 +29,8 @@ class Sequence:
         self.num_cached_tokens = 0
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []
+        self.num_evicted_tokens = 0  # full blocks dropped by eviction (kvpilot/engine/eviction.py)
+        self.exact_path = False  # runtime validation moved this sequence off its approximation
         self.finish_reason: str | None = None
         self.num_preemptions = 0
         self.arrival_time = time.monotonic()
