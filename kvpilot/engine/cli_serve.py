@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kvpilot.engine.kv_strategy import KV_CACHE_DTYPES
 from kvpilot.engine.stats_contract import DEFAULT_STATS_PORT
 
 log = logging.getLogger("kvpilot.server")
@@ -45,9 +46,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     engine.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     engine.add_argument(
-        "--kv-cache-dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16")
+        "--kv-cache-dtype",
+        default="auto",
+        choices=KV_CACHE_DTYPES,
+        help="auto: the model dtype (switching to int8 by batch size with --kv-quant-auto-threshold); "
+        "int8 / fp8: 8-bit KV dequantised in the attention kernels",
     )
-    engine.add_argument("--attention", default="native", help="memory strategy (native)")
+    engine.add_argument(
+        "--kv-quant-auto-threshold", type=int, help="auto: new sequences get int8 blocks at this running batch size"
+    )
+    engine.add_argument(
+        "--kv-quant-auto-hysteresis", type=int, help="auto: back to 16-bit below threshold minus this (threshold/4)"
+    )
+    engine.add_argument(
+        "--kv-quant-auto-split", type=float, default=0.5, help="auto: share of the KV memory for 16-bit blocks"
+    )
+    engine.add_argument("--disable-kv-quant", action="store_true", help="serve the 16-bit KV cache")
+    engine.add_argument("--attention", default="native", help="memory strategy: native | gqa | mla | linear")
+    engine.add_argument("--kv-head-groups", type=int, help="gqa: KV heads after mean-pooling the checkpoint's")
+    engine.add_argument("--disable-gqa", action="store_true", help="serve the checkpoint's own KV heads")
+    engine.add_argument(
+        "--linear-window", type=int, default=64, help="linear: most recent tokens attended exactly"
+    )
+    engine.add_argument("--linear-features", type=int, help="linear: random features per KV head (head_dim)")
+    engine.add_argument("--disable-linear", action="store_true", help="serve the checkpoint's softmax attention")
+    engine.add_argument("--latent-rank", type=int, help="mla: width of the SVD latent cached per token and layer")
+    engine.add_argument(
+        "--disable-mla", action="store_true", help="serve the original attention (DeepSeek: no absorbed decode)"
+    )
     plan = parser.add_argument_group("capacity plan")
     plan.add_argument("--kv-watermark", type=float, default=0.8, help="share of free memory for the KV pool")
     plan.add_argument(
@@ -104,6 +130,18 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any, str]:
         strategy=args.attention,
         kv_cache_dtype=args.kv_cache_dtype,
         show_progress=False,
+        attention=args.attention,
+        kv_head_groups=args.kv_head_groups,
+        disable_gqa=args.disable_gqa,
+        linear_window=args.linear_window,
+        linear_features=args.linear_features,
+        disable_linear=args.disable_linear,
+        latent_rank=args.latent_rank,
+        disable_mla=args.disable_mla,
+        kv_quant_auto_threshold=args.kv_quant_auto_threshold,
+        kv_quant_auto_hysteresis=args.kv_quant_auto_hysteresis,
+        kv_quant_auto_split=args.kv_quant_auto_split,
+        disable_kv_quant=args.disable_kv_quant,
     )
     device = resolve_device(config.device)
     try:

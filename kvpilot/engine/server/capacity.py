@@ -11,11 +11,11 @@ import re
 from pathlib import Path
 from typing import Any
 
+from kvpilot.engine.kv_strategy import gqa_groups, kv_cache_kind, strategy_label
 from kvpilot.planner import CapacityPlan, GpuSpec, KVStrategy, ModelShape, plan_capacity
 
 # EngineConfig dtype names -> the planner's KV dtype names ("auto" = the model's own precision).
 _PLANNER_KV_DTYPE = {"auto": "auto", "float32": "auto", "float16": "fp16", "bfloat16": "bf16"}
-_SHORT_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
 def resolve_device(device: str) -> str:
@@ -33,11 +33,9 @@ def model_dtype(model_dir: str) -> str:
 
 
 def strategy_name(config: Any) -> str:
-    """The default X-Model-Strategy: attention strategy and KV dtype, e.g. `native-bf16`."""
-    kv = config.kv_cache_dtype
-    if kv == "auto":
-        kv = config.dtype if config.dtype != "auto" else model_dtype(config.model)
-    return f"{config.strategy}-{_SHORT_DTYPE.get(kv, kv)}"
+    """The default X-Model-Strategy: attention strategy and KV dtype, e.g. `native-bf16`, `gqa4-int8`."""
+    dtype = config.dtype if config.dtype != "auto" else model_dtype(config.model)
+    return strategy_label(config, dtype)
 
 
 def device_memory(device: str, cpu_budget_bytes: int) -> GpuSpec:
@@ -53,9 +51,18 @@ def device_memory(device: str, cpu_budget_bytes: int) -> GpuSpec:
 def plan_for(config: Any, device: str, cpu_budget_bytes: int, watermark: float) -> CapacityPlan:
     raw = json.loads((Path(config.model) / "config.json").read_text())
     max_seq_len = config.max_model_len or int(raw.get("max_position_embeddings") or 4096)
-    kv_dtype = config.kv_cache_dtype if config.kv_cache_dtype != "auto" else config.dtype
+    kind = kv_cache_kind(config)  # auto switching plans the 16-bit budget; the engine splits it in pools
+    kv_dtype = {"model": config.dtype, "auto-switch": "auto"}.get(kind, kind)
+    groups = gqa_groups(config)
+    attention = config.strategy if config.attention != "gqa" else "gqa" if groups else "native"
+    if attention == "linear":  # the Performer conversion still keeps every token's K/V in paged blocks
+        attention = "native"
+    if attention == "mla" and getattr(config, "disable_mla", False):
+        attention = "native"  # --disable-mla: the checkpoint's own K/V
     strategy = KVStrategy(
-        attention=config.strategy,
+        attention=attention,
+        kv_head_groups=groups,
+        latent_rank=getattr(config, "latent_rank", None) if attention == "mla" else None,
         kv_cache_dtype=_PLANNER_KV_DTYPE.get(kv_dtype, kv_dtype),
         block_size=config.block_size,
     )
