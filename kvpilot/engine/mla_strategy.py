@@ -75,6 +75,7 @@ def conversion_rank(config: EngineConfig, model_config: ModelConfig) -> int | No
 
 def apply_mla(model: nn.Module, config: EngineConfig, model_config: ModelConfig) -> MlaState:
     """Set up the model's MLA after its weights are loaded (converts in place); logs what it did."""
+    _check_cache_dtype(config, model_config)
     if model_config.deepseek is not None:
         absorbed = not config.disable_mla
         model.set_absorb(absorbed)  # type: ignore[operator]
@@ -104,10 +105,14 @@ def apply_mla(model: nn.Module, config: EngineConfig, model_config: ModelConfig)
     return state
 
 
-def mla_label(config: EngineConfig, model_config: ModelConfig | None = None) -> str | None:
-    """X-Model-Strategy attention part for MLA (`mla64`, `mla-native`), or None when MLA is not active."""
-    if model_config is not None and model_config.deepseek is not None:
-        return "mla-native" if not config.disable_mla else "mla-unabsorbed"
-    if getattr(config, "attention", config.strategy) == "mla" and not config.disable_mla:
-        return f"mla{config.latent_rank}"
-    return None
+def _check_cache_dtype(config: EngineConfig, model_config: ModelConfig) -> None:
+    """The latent cache is 16/32-bit: the 8-bit K/V formats (kernels/kv_quant) have no latent variant."""
+    from kvpilot.engine.kv_strategy import kv_cache_kind
+
+    kind = kv_cache_kind(config)
+    mla = model_config.deepseek is not None or conversion_rank(config, model_config) is not None
+    if mla and kind in ("int8", "fp8", "auto-switch"):
+        raise ValueError(
+            f"kv_cache_dtype {config.kv_cache_dtype!r} ({kind}) is not available for an MLA latent cache; "
+            "use auto, float16, bfloat16 or float32, or pass --disable-kv-quant"
+        )
