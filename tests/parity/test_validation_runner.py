@@ -1,0 +1,114 @@
+"""Runtime validation: a bad approximation is caught, counted, and the sequence continues exactly."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.llm_engine import LLMEngine
+from kvpilot.engine.sampling_params import SamplingParams
+from kvpilot.engine.sequence import Sequence
+from kvpilot.engine.validation_runner import DenseRecompute, is_sampled
+from tests.helpers.models import build_hf_checkpoint
+
+pytestmark = pytest.mark.parity
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return build_hf_checkpoint(tmp_path_factory.mktemp("validate") / "llama", "llama")
+
+
+def engine(ckpt, **kw) -> LLMEngine:
+    base = dict(model=str(ckpt), device="cpu", block_size=16, show_progress=False, num_kv_blocks=40)
+    return LLMEngine(EngineConfig(**{**base, **kw}))
+
+
+def generate(eng: LLMEngine, prompt: list[int], n: int) -> list[int]:
+    eng.add_request("r", prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+    out: list[int] = []
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            out += o.new_token_ids
+    return out
+
+
+def prompt_of(n: int) -> list[int]:
+    return [(i * 37 + 11) % 370 + 3 for i in range(n)]
+
+
+def test_eviction_below_threshold_falls_back_and_continues_exactly(ckpt, caplog):
+    prompt, n, every = prompt_of(150), 30, 8
+    eng = engine(
+        ckpt, eviction="sinks", eviction_sinks=4, eviction_window=32, validate_every=every,
+        validation_sample_rate=1.0, validation_threshold=0.9999, validation_layer=-1,
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="kvpilot.engine.validation"):
+        got = generate(eng, prompt, n)
+    feed = eng.stats()["validation"]
+    assert feed["checks_total"] == 1  # the sequence runs exactly after its first check
+    assert feed["fallbacks_total"]["low_cosine"] == 1
+    assert feed["last_cosine"] < 0.9999
+    assert any("moving it to the exact path" in r.message for r in caplog.records)
+    # The check ran on the step that produced completion token `every` (index every): from the
+    # next token on, the sequence is recomputed without eviction and decodes over its full context.
+    k = every + 1
+    exact = generate(engine(ckpt), prompt + got[:k], n - k)
+    assert got[k:] == exact
+    evicted_only = generate(engine(ckpt, eviction="sinks", eviction_sinks=4, eviction_window=32), prompt, n)
+    assert evicted_only[k:] != got[k:]  # without the fallback the tokens would have differed
+    assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+
+
+def test_a_corrupted_approximation_plugs_in_and_falls_back(ckpt):
+    class Corrupted(DenseRecompute):
+        """Pretends every sequence is approximated and reports the negated exact output."""
+
+        name = "corrupted"
+
+        def __init__(self, eng):
+            super().__init__(eng)
+            self.fell_back: list[str] = []
+
+        def applies(self, seq: Sequence) -> bool:
+            return not seq.exact_path
+
+        def exact_attention(self, seq, layer, num_tokens):
+            return -super().exact_attention(seq, layer, num_tokens)
+
+        def can_fall_back(self, seq):
+            return True
+
+        def fall_back(self, seq):
+            seq.exact_path = True
+            self.fell_back.append(seq.request_id)
+
+    eng = engine(ckpt, validate_every=4, validation_sample_rate=1.0, validation_layer=0)
+    check = Corrupted(eng)
+    eng.checks.add_check(check)
+    plain = generate(engine(ckpt), prompt_of(20), 12)
+    assert generate(eng, prompt_of(20), 12) == plain  # validating never changes an exact path's tokens
+    feed = eng.stats()["validation"]
+    assert check.fell_back == ["r"]
+    assert feed["checks_total"] == 1 and feed["fallbacks_total"]["low_cosine"] == 1
+    assert feed["last_cosine"] == pytest.approx(-1.0, abs=1e-5)
+
+
+def test_native_engine_has_nothing_to_validate(ckpt):
+    eng = engine(ckpt, validate_every=2, validation_sample_rate=1.0)
+    generate(eng, prompt_of(10), 10)
+    assert eng.stats()["validation"] == {
+        "checks_total": 0,
+        "fallbacks_total": {"low_cosine": 0, "kernel_error": 0, "nan": 0},
+        "last_cosine": None,
+    }
+
+
+def test_sampling_is_per_request_and_proportional():
+    ids = [f"req-{i}" for i in range(2000)]
+    share = sum(is_sampled(r, 0.1) for r in ids) / len(ids)
+    assert 0.07 < share < 0.13
+    assert all(is_sampled(r, 0.1) == is_sampled(r, 0.1) for r in ids[:50])
+    assert not any(is_sampled(r, 0.0) for r in ids) and all(is_sampled(r, 1.0) for r in ids)
