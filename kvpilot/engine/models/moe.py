@@ -24,6 +24,15 @@ class TopkRouter(nn.Module):
         if f.scoring_func == "sigmoid":  # a checkpoint tensor, so a (frozen) parameter the loader fills
             self.e_score_correction_bias = nn.Parameter(torch.zeros(f.n_routed_experts), requires_grad=False)
 
+    def _apply(self, fn, recurse: bool = True):
+        """Keep e_score_correction_bias in fp32 under .to(dtype), as HF does (_keep_in_fp32_modules):
+        rounded to bf16 it flips expert choices between near-equal scores."""
+        super()._apply(fn, recurse)
+        bias = getattr(self, "e_score_correction_bias", None)
+        if bias is not None and bias.dtype != torch.float32:
+            self.e_score_correction_bias = nn.Parameter(bias.float(), requires_grad=False)
+        return self
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         f = self.f
         logits = F.linear(x.float(), self.weight.float())
