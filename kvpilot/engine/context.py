@@ -30,6 +30,7 @@ class Context:
     # state-pool slot per prefill chunk / per decode, for layers with a recurrent state (linear_state.py)
     linear_slots: torch.Tensor | None = None
     decode_linear_slots: torch.Tensor | None = None
+    linear_exact: list[bool] | None = None  # per sequence (prefill then decode): runtime validation's fallback
 
     @property
     def is_prefill(self) -> bool:

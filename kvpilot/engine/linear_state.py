@@ -62,6 +62,7 @@ class LinearState:
             index = torch.tensor(fresh, dtype=torch.long, device=self.device)
             for layer in self.layers:
                 layer.state_pool.index_fill_(0, index, 0.0)
+        ctx.linear_exact = [getattr(s.seq, "exact_path", False) for s in (*prefill, *decode)]
         if prefill:
             ctx.linear_slots = torch.tensor(slots[0], dtype=torch.int32).to(self.device, non_blocking=True)
         if decode:
@@ -85,8 +86,14 @@ def build_linear_state(model: nn.Module, config: EngineConfig, device: torch.dev
     """Convert softmax layers to Performer ones when `attention="linear"` asks (and `disable_linear`
     does not), then give every stateful layer its pool: one slot per schedulable sequence."""
     if config.attention == "linear" and not config.disable_linear:
+        from kvpilot.engine.kv_strategy import kv_cache_kind
         from kvpilot.engine.performer_attention import convert_to_performer
 
+        if kv_cache_kind(config) not in ("model", "float32", "float16", "bfloat16"):
+            raise ValueError(
+                f"attention='linear' reads its exact window from a 16/32-bit KV cache, not kv_cache_dtype="
+                f"{config.kv_cache_dtype!r}; choose a 16-bit kv_cache_dtype or pass --disable-kv-quant"
+            )
         convert_to_performer(model, config)
     layers = stateful_layers(model)
     return LinearState(layers, config.max_num_seqs, device) if layers else None

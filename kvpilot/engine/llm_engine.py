@@ -11,6 +11,7 @@ import torch
 from kvpilot.engine.config import EngineConfig, ModelConfig
 from kvpilot.engine.engine_stats import EngineStats, build_feed
 from kvpilot.engine.kv_wiring import apply_kv_stats, build_block_manager
+from kvpilot.engine.linear_check import add_linear_checks
 from kvpilot.engine.model_runner import ModelRunner
 from kvpilot.engine.paged_scoring import score_paged
 from kvpilot.engine.runtime_checks import RuntimeChecks
@@ -62,6 +63,7 @@ class LLMEngine:
             eos_token_ids=self.tokenizer.eos_token_ids,
         )
         self.checks = RuntimeChecks(self)  # runtime_checks.py: eviction, validation, head utilisation
+        add_linear_checks(self)  # linear_check.py: validation of the Performer conversion
         self.evictor = self.checks.evictor
         self.stats_state = EngineStats()
         self._seqs: dict[str, Sequence] = {}

@@ -35,6 +35,7 @@ class PerformerAttention(Attention):
         self.features = features  # [Hkv, m, D] fp32, a plain attribute (drawn from a seed, not loaded)
         self.num_features = features.shape[1]
         self.state_pool = torch.empty(0)
+        self.force_exact = False  # dense passes attend exactly (runtime validation's reference)
 
     @property
     def state_shape(self) -> tuple[int, int, int]:
@@ -46,6 +47,8 @@ class PerformerAttention(Attention):
         if self.features.device != q.device:
             self.features = self.features.to(q.device)
         w = self.features
+        if ctx.dense and self.force_exact:
+            return self._dense_causal(q, k, v)
         if ctx.dense:
             state = torch.zeros(self.state_shape, dtype=torch.float32, device=q.device)
             return self._attend(q, k.float(), v.float(), 0, 0, state, w).to(q.dtype)
@@ -53,11 +56,15 @@ class PerformerAttention(Attention):
             k.to(self.k_cache.dtype), v.to(self.v_cache.dtype), self.k_cache, self.v_cache, ctx.slot_mapping
         )
         out = torch.empty_like(q)
-        for row, start, length, slot, table in _sequences(ctx, q.shape[0]):
-            key_lo = max(0, start - self.window + 1)
+        for i, (row, start, length, slot, table) in enumerate(_sequences(ctx, q.shape[0])):
+            # a sequence moved to the exact path (runtime validation) attends to every cached token
+            exact = bool(ctx.linear_exact and ctx.linear_exact[i])
+            window = start + length if exact else self.window
+            state = torch.zeros_like(self.state_pool[slot]) if exact else self.state_pool[slot]
+            key_lo = max(0, start - window + 1)
             keys, values = self._gather(table, key_lo, start + length)
             out[row : row + length] = self._attend(
-                q[row : row + length], keys, values, key_lo, start, self.state_pool[slot], w
+                q[row : row + length], keys, values, key_lo, start, state, w, window
             ).to(q.dtype)
         return out
 
@@ -79,9 +86,11 @@ class PerformerAttention(Attention):
         start: int,
         state: torch.Tensor,
         w: torch.Tensor,
+        window: int | None = None,
     ) -> torch.Tensor:
         """Queries at positions start.. over keys at key_lo.. (through the query's own) and the summary
         in `state` (updated in place with the keys that leave the window) -> [n, Hq, D] fp32."""
+        window = self.window if window is None else window
         group = self.num_heads // self.num_kv_heads
         n, length = q.shape[0], k.shape[0]
         qf = q.float()
@@ -99,7 +108,7 @@ class PerformerAttention(Attention):
         age = (start + torch.arange(n, device=q.device))[:, None] - (
             key_lo + torch.arange(length, device=q.device)
         )
-        logits = torch.where(age < self.window, exact, approx).masked_fill(age < 0, float("-inf"))
+        logits = torch.where(age < window, exact, approx).masked_fill(age < 0, float("-inf"))
         summary = state.repeat_interleave(group, 0)  # [Hq, m, Dv + 1]
         shift = torch.maximum(logits.amax(dim=2), lq.amax(dim=2).transpose(0, 1))  # [Hq, n]
         p = (logits - shift[:, :, None]).exp()
@@ -107,14 +116,21 @@ class PerformerAttention(Attention):
         num_den = torch.einsum("hnm,hmv->hnv", phi_q, summary)
         num = torch.einsum("hnl,lhv->hnv", p, vq) + num_den[:, :, :-1]
         den = p.sum(dim=2) + num_den[:, :, -1]
-        self._fold(state, k, v, lk, key_lo, start + n)
+        self._fold(state, k, v, lk, key_lo, start + n, window)
         return (num / den[:, :, None]).transpose(0, 1)
 
     def _fold(
-        self, state: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lk: torch.Tensor, key_lo: int, end: int
+        self,
+        state: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        lk: torch.Tensor,
+        key_lo: int,
+        end: int,
+        window: int,
     ) -> None:
         """Add the keys leaving the window after position end - 1 (positions < end - W + 1) to the summary."""
-        first, last = key_lo, max(0, end - self.window + 1)  # the summary held positions < key_lo
+        first, last = key_lo, max(0, end - window + 1)  # the summary held positions < key_lo
         if last <= first:
             return
         rows = slice(first - key_lo, last - key_lo)

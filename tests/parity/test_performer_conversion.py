@@ -141,3 +141,34 @@ def test_short_window_logit_agreement_is_reported(llama: str) -> None:
         top1 = (exact.argmax(-1) == approx.argmax(-1)).float().mean().item()
         print(f"performer window={window} features={m}: logit cosine {cos:.4f}, top-1 agreement {top1:.3f}")
         assert math.isfinite(cos) and cos >= min_cos and top1 >= min_top1
+
+
+def test_quantised_kv_cache_is_refused_with_the_alternatives(llama: str) -> None:
+    with pytest.raises(ValueError, match="disable-kv-quant"):
+        LLM(llama, show_progress=False, attention="linear", kv_cache_dtype="int8")
+
+
+def test_runtime_validation_moves_a_low_cosine_sequence_to_exact_attention(llama: str) -> None:
+    """threshold 1.0 fails every check of an approximation: the sequence falls back, is recomputed exactly, and the
+    tokens it produces afterwards are the exact model's greedy choices."""
+    validation = {"validate_every": 2, "validation_sample_rate": 1.0, "validation_threshold": 1.0}
+    llm = LLM(
+        llama, show_progress=False, attention="linear", linear_window=4, linear_features=16, **validation
+    )
+    prompt = PROMPTS[3]
+    got = llm.generate([prompt], GREEDY)[0]["token_ids"]
+    feed = llm.engine.stats()
+    assert feed["validation"]["fallbacks_total"]["low_cosine"] == 1
+    assert feed["linear"]["summary_misses_total"] == 2, "the fallback recomputes the sequence from token 0"
+    exact = LLM(llama, show_progress=False)
+    last = exact.generate([prompt + got[:-1]], SamplingParams(temperature=0.0, max_tokens=1))[0]["token_ids"]
+    assert last == got[-1:]
+
+
+def test_runtime_validation_passes_a_whole_context_window(llama: str) -> None:
+    validation = {"validate_every": 2, "validation_sample_rate": 1.0}
+    llm = LLM(llama, show_progress=False, attention="linear", linear_window=128, **validation)
+    llm.generate(PROMPTS, GREEDY)
+    feed = llm.engine.stats()["validation"]
+    assert feed["checks_total"] >= len(PROMPTS) and sum(feed["fallbacks_total"].values()) == 0
+    assert feed["last_cosine"] > 0.9999

@@ -1,0 +1,61 @@
+"""Runtime validation of the Performer conversion (attention="linear"): exact side and fallback.
+
+Exact side: the model run densely with every converted layer forced to plain softmax attention.
+Fallback: the converted layers keep every token's K/V in the paged cache, so an exact path always
+exists; the sequence is flagged `exact_path` and recomputed from token 0 (its recurrent state is
+freed and its K/V rewritten by exact attention), after which it attends to its whole context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import torch
+
+from kvpilot.engine.performer_attention import PerformerAttention
+from kvpilot.engine.sequence import Sequence
+from kvpilot.engine.validation_runner import DenseRecompute, requeue_for_recompute
+
+if TYPE_CHECKING:
+    from kvpilot.engine.llm_engine import LLMEngine
+
+
+@contextmanager
+def exact_softmax(model: torch.nn.Module) -> Iterator[None]:
+    """Within the block, dense passes of the converted layers are exact softmax attention."""
+    layers = [m for m in model.modules() if isinstance(m, PerformerAttention)]
+    for layer in layers:
+        layer.force_exact = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.force_exact = False
+
+
+class PerformerCheck(DenseRecompute):
+    """The Performer conversion's ApproximationCheck (validation_runner.py)."""
+
+    name = "linear"
+
+    def applies(self, seq: Sequence) -> bool:
+        return not seq.exact_path
+
+    def exact_attention(self, seq: Sequence, layer: int, num_tokens: int) -> torch.Tensor:
+        with exact_softmax(self.engine.runner.model):
+            return super().exact_attention(seq, layer, num_tokens)
+
+    def can_fall_back(self, seq: Sequence) -> bool:
+        return True
+
+    def fall_back(self, seq: Sequence) -> None:
+        seq.exact_path = True
+        requeue_for_recompute(self.engine, seq)
+
+
+def add_linear_checks(engine: LLMEngine) -> None:
+    """Register the Performer check when the engine serves converted layers."""
+    if any(isinstance(m, PerformerAttention) for m in engine.runner.model.modules()):
+        engine.checks.add_check(PerformerCheck(engine))
