@@ -74,6 +74,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument(
         "--disable-mla", action="store_true", help="serve the original attention (DeepSeek: no absorbed decode)"
     )
+    engine.add_argument(
+        "--eviction", default="none", choices=("none", "sinks", "ladder"),
+        help="long context: keep attention sinks + a recent window (ladder: older spans kept sparsely)",
+    )  # fmt: skip
+    engine.add_argument("--eviction-sinks", type=int, default=4, help="eviction: first tokens always kept")
+    engine.add_argument("--eviction-window", type=int, default=1024, help="eviction: recent tokens kept")
+    engine.add_argument("--eviction-ladder-span", type=int, help="ladder: tokens per level (default: window)")
+    engine.add_argument("--validate-every", type=int, default=100, help="decode tokens between validations")
+    engine.add_argument("--validation-sample-rate", type=float, default=0.1, help="share of sequences validated")
+    engine.add_argument(
+        "--head-utilization-every", type=int, default=64, help="decode steps between head-utilisation samples"
+    )
     plan = parser.add_argument_group("capacity plan")
     plan.add_argument("--kv-watermark", type=float, default=0.8, help="share of free memory for the KV pool")
     plan.add_argument(
@@ -142,6 +154,13 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any, str]:
         kv_quant_auto_hysteresis=args.kv_quant_auto_hysteresis,
         kv_quant_auto_split=args.kv_quant_auto_split,
         disable_kv_quant=args.disable_kv_quant,
+        eviction=args.eviction,
+        eviction_sinks=args.eviction_sinks,
+        eviction_window=args.eviction_window,
+        eviction_ladder_span=args.eviction_ladder_span,
+        validate_every=args.validate_every,
+        validation_sample_rate=args.validation_sample_rate,
+        head_utilization_every=args.head_utilization_every,
     )
     device = resolve_device(config.device)
     try:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from kvpilot.engine.config import EngineConfig, ModelConfig
 
 ATTENTIONS = ("native", "gqa", "mla", "linear")
+GQA_FAMILIES = ("llama", "mistral", "qwen2")  # k_proj/v_proj per layer, HF repeat_kv grouping
 KV_CACHE_DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "float32", "int8", "fp8")
 QUANTISED = ("int8", "fp8")
 _CANONICAL = {"bf16": "bfloat16", "fp16": "float16"}
@@ -88,6 +89,11 @@ def served_model_config(config: EngineConfig, model_config: ModelConfig) -> Mode
     groups = gqa_groups(config)
     if groups is None or groups == model_config.num_key_value_heads:
         return model_config
+    if model_config.family not in GQA_FAMILIES:
+        raise ValueError(
+            f"attention='gqa' converts {', '.join(GQA_FAMILIES)} checkpoints, not {model_config.family!r}; "
+            "pass --disable-gqa to serve it as it is"
+        )
     heads = model_config.num_key_value_heads
     if heads % groups:
         raise ValueError(
@@ -100,12 +106,16 @@ def served_model_config(config: EngineConfig, model_config: ModelConfig) -> Mode
 def strategy_label(config: EngineConfig, model_dtype: str) -> str:
     """X-Model-Strategy default: attention (with its parameter) and KV dtype, e.g. `gqa4-int8`,
     `native-bf16`, `native-auto8` (16-bit/int8 switching). model_dtype: the cache dtype 'model' means."""
-    attention = config.attention
-    if attention == "gqa":
-        groups = gqa_groups(config)
-        attention = f"gqa{groups}" if groups is not None else "native"
-    elif attention == "native" and config.strategy != "native":
-        attention = config.strategy  # a name set by another strategy's wiring
+    attention = config.attention if config.attention != "native" else config.strategy
+    param = {
+        "gqa": gqa_groups(config),
+        "mla": getattr(config, "latent_rank", None),
+        "linear": getattr(config, "linear_window", None),
+    }
+    if getattr(config, f"disable_{attention}", False):
+        attention = "native"  # the one-flag rollback serves the checkpoint's own attention
+    elif attention in param:
+        attention = f"{attention}{param[attention] or ''}"
     kind = kv_cache_kind(config)
     if kind == "model":
         kv = _SHORT.get(model_dtype, model_dtype)
@@ -113,4 +123,5 @@ def strategy_label(config: EngineConfig, model_dtype: str) -> str:
         kv = f"auto{config.kv_quant_auto_threshold}"
     else:
         kv = _SHORT.get(kind, kind)
-    return f"{attention}-{kv}"
+    eviction = getattr(config, "eviction", "none")  # eviction.py: e.g. native-bf16-sinks1024
+    return f"{attention}-{kv}" + ("" if eviction == "none" else f"-{eviction}{config.eviction_window}")
