@@ -13,7 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM",
+                 "deepseek_v2": "DeepseekV2ForCausalLM"}  # fmt: skip
 SIZES: dict[str, dict[str, int]] = {
     "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
              "num_key_value_heads": 2, "vocab_size": 384, "shards": 1},
@@ -61,8 +62,15 @@ def model_config(family: str, size: str = "tiny", **overrides: Any) -> dict[str,
         config.update(
             use_sliding_window=False, sliding_window=None, max_window_layers=dims["num_hidden_layers"]
         )
+    if family == "deepseek_v2":  # MLA + MoE fields (make_model_deepseek.py)
+        from kvpilot.engine.make_model_deepseek import deepseek_fields
+
+        config.update(deepseek_fields(size, dims["num_attention_heads"]))
     config.update(overrides)
-    config["head_dim"] = overrides.get("head_dim", config["hidden_size"] // config["num_attention_heads"])
+    default_head_dim = (
+        config.get("qk_rope_head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    )
+    config["head_dim"] = overrides.get("head_dim", default_head_dim)
     return config
 
 
@@ -88,6 +96,13 @@ def random_weights(config: dict[str, Any], seed: int = 0) -> dict[str, Any]:
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = norm()
+        if config["model_type"] == "deepseek_v2":
+            from kvpilot.engine.make_model_deepseek import deepseek_layer_weights
+
+            lora_norm = lambda n: 1.0 + 0.1 * torch.randn(n, generator=gen)  # noqa: E731
+            w.update(deepseek_layer_weights(config, i, linear, lora_norm))
+            w[p + "post_attention_layernorm.weight"] = norm()
+            continue
         w[p + "self_attn.q_proj.weight"] = linear(hq * d, hidden)
         w[p + "self_attn.k_proj.weight"] = linear(hkv * d, hidden)
         w[p + "self_attn.v_proj.weight"] = linear(hkv * d, hidden)
