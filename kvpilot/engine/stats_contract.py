@@ -10,7 +10,12 @@ Shape (every key below is always present; values that do not apply yet are null 
     {
       "schema_version": 1,
       "engine": {"instance_id": str, "model": str, "strategy": str, "device": "cpu"|"cuda",
-                 "start_time_seconds": float, "ready": bool, "kv_cache_dtype": str},
+                 "start_time_seconds": float, "ready": bool, "kv_cache_dtype": str,
+                 "mla": {"mode": "off"|"native"|"converted", "latent_width": int|null,
+                         "absorbed_decode": bool, "latent_rank": int|null,
+                         "reconstruction_error": float|null,      # mean over layers, relative
+                         "reconstruction_error_max": float|null,  # Frobenius of the K/V SVD (converted)
+                         "reconstruction_error_k": float|null, "reconstruction_error_v": float|null}},
       "kv": {"block_size": int, "bytes_per_block": int, "blocks_total": int, "blocks_free": int,
              "blocks_used": int, "blocks_cached": int,
              "live_token_slots": int,        # tokens whose K/V are stored for live sequences
