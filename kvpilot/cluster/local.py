@@ -20,6 +20,7 @@ replicaset, job, service-account ...); there is no kubelet, no kube-proxy, no cl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -129,18 +130,25 @@ class LocalCluster:
         api = self.api()
         for name in self.node_names:
             api.create_node(fake_nodes.gpu_node(name, self.node_spec))
-        self._wait("fake GPU nodes Ready", lambda: all(api.node_ready(n) for n in self.node_names), left())
+        self._wait("fake GPU nodes Ready", lambda: all(api.node_ready(n) for n in self.node_names), left(),
+                   log_of="kwok")
         self._wait("service account default/default",
-                   lambda: api.exists("/api/v1/namespaces/default/serviceaccounts/default"), left())
+                   lambda: api.exists("/api/v1/namespaces/default/serviceaccounts/default"), left(),
+                   log_of="kube-controller-manager")
 
     def stop(self) -> None:
-        """Stop every process this cluster started (by PID, reverse order) and delete its files."""
+        """Stop every process this cluster started (by PID, reverse order) and delete the files it
+        wrote; the state dir itself goes only if nothing else is left in it."""
         for name in reversed(ORDER):
             pid = self.pids.pop(name, None)
             if pid is not None:
                 processes.terminate(pid, self.binaries.get(name))
-        if self.state_dir.exists():
-            shutil.rmtree(self.state_dir, ignore_errors=True)
+        for entry in ("pki", "etcd", "logs", "kube-controller-manager", "kube-scheduler"):
+            shutil.rmtree(self.state_dir / entry, ignore_errors=True)
+        for entry in ("kubeconfig", "state.json", "state.json.tmp"):
+            (self.state_dir / entry).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.state_dir.rmdir()
 
     @classmethod
     def load(cls, state_dir: Path) -> LocalCluster:
@@ -175,10 +183,11 @@ class LocalCluster:
         self.pids[name], self.binaries[name] = proc.pid, binary
         self._save()
 
-    def _wait(self, what: str, check: Any, timeout_s: float) -> None:
-        name = what if what in self.pids else None
-        processes.wait_until(check, what, timeout_s, self.pids.get(name) if name else None,
-                             self.log_path(name) if name else None)
+    def _wait(self, what: str, check: Any, timeout_s: float, log_of: str | None = None) -> None:
+        """Wait for `check`; failures quote the log of `log_of` (default: the process named `what`)."""
+        name = log_of or what
+        processes.wait_until(check, what, timeout_s, self.pids.get(name),
+                             self.log_path(name) if name in self.pids else None)
 
     def _save(self) -> None:
         state = {"nodes": self.num_nodes, "pids": self.pids, "binaries": self.binaries, "ports": self.ports,

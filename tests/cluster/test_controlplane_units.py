@@ -144,3 +144,17 @@ def test_die_with_parent_children_stop_when_their_parent_is_killed(tmp_path) -> 
     parent.kill()
     parent.wait(timeout=10)
     processes.wait_until(lambda: not processes.is_alive(child), "child to follow its parent", 10)
+
+
+def test_stop_deletes_only_the_files_a_cluster_writes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from kvpilot.cluster.local import LocalCluster
+
+    (tmp_path / "pki").mkdir()
+    (tmp_path / "kubeconfig").write_text("x")
+    (tmp_path / "state.json").write_text("{}")
+    (tmp_path / "unrelated.txt").write_text("keep me")
+    LocalCluster(tmp_path).stop()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["unrelated.txt"]
+    (tmp_path / "unrelated.txt").unlink()
+    LocalCluster(tmp_path).stop()
+    assert not tmp_path.exists()
