@@ -141,3 +141,20 @@ def test_triton_interpreter_decode_matches_hf(checkpoint, monkeypatch) -> None:
     monkeypatch.setenv("KVPILOT_KERNELS", "triton")
     llm = LLM(path, show_progress=False, block_size=16)
     assert generate(llm, PROMPTS[1:3], 3) == [e[:3] for e in expected[1:3]]
+
+
+@pytest.mark.parametrize("checkpoint", ["v3-qlora"], indirect=True)
+def test_scoring_dense_path_matches_hf_logprobs(checkpoint) -> None:
+    """runner.score runs the cache-free (dense) MLA path: HF's log-probabilities within fp32 rounding."""
+    import torch
+    import transformers
+
+    path, expected = checkpoint
+    prompt, continuation = PROMPTS[3], expected[3]
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + continuation])).logits[0].float()
+    logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+    want = logprobs.gather(-1, torch.tensor(continuation)[:, None])[:, 0]
+    got = torch.tensor(LLM(path, show_progress=False).engine.runner.score(prompt, continuation))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
