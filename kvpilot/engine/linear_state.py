@@ -94,6 +94,11 @@ def build_linear_state(model: nn.Module, config: EngineConfig, device: torch.dev
                 f"attention='linear' reads its exact window from a 16/32-bit KV cache, not kv_cache_dtype="
                 f"{config.kv_cache_dtype!r}; choose a 16-bit kv_cache_dtype or pass --disable-kv-quant"
             )
+        if getattr(config, "eviction", "none") != "none":
+            raise ValueError(
+                f"attention='linear' reads its window by token position from the paged cache; eviction="
+                f"{config.eviction!r} compacts block tables, so the two cannot be combined yet: use eviction='none'"
+            )
         convert_to_performer(model, config)
     layers = stateful_layers(model)
     return LinearState(layers, config.max_num_seqs, device) if layers else None

@@ -143,9 +143,11 @@ def test_short_window_logit_agreement_is_reported(llama: str) -> None:
         assert math.isfinite(cos) and cos >= min_cos and top1 >= min_top1
 
 
-def test_quantised_kv_cache_is_refused_with_the_alternatives(llama: str) -> None:
+def test_quantised_kv_cache_and_eviction_are_refused_with_the_alternatives(llama: str) -> None:
     with pytest.raises(ValueError, match="disable-kv-quant"):
         LLM(llama, show_progress=False, attention="linear", kv_cache_dtype="int8")
+    with pytest.raises(ValueError, match="eviction='none'"):
+        LLM(llama, show_progress=False, attention="linear", eviction="sinks")
 
 
 def test_runtime_validation_moves_a_low_cosine_sequence_to_exact_attention(llama: str) -> None:
