@@ -21,7 +21,10 @@ pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
 LIGHTNING_NEAR_TIE = 2e-2
-BF16_LOGIT_TOL = 0.05
+# bf16: each chosen token's HF fp32 logit within this of the best. Measured on CPU (torch path, bf16
+# model, fp32 state): worst 0.026 against median top-1/top-2 gaps of 0.11-0.25; the Triton prefill also
+# rounds scores and the state to bf16 before its PV / inter-chunk products, hence the margin.
+BF16_LOGIT_TOL = 0.1
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
 
 
