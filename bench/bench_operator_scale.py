@@ -94,7 +94,7 @@ def body(name: str, namespace: str) -> dict:
     return {
         "apiVersion": "kvpilot.io/v1alpha1", "kind": "InferenceService",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"model": {"uri": "pvc://models/llama-3-8b", "config": LLAMA3_8B},
+        "spec": {"model": {"uri": "file:///models/llama-3-8b", "config": LLAMA3_8B},
                  "strategy": {"attention": "gqa", "kvHeadGroups": 4, "maxSeqLen": 8192},
                  "resources": {"gpus": 1, "gpuProduct": "NVIDIA-H200"}, "replicas": 1,
                  "engine": {"image": "kvpilot:bench"}},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 from collections import Counter
 from collections.abc import Mapping
@@ -34,11 +35,18 @@ def object_path(api_version: str, kind: str, namespace: str, name: str | None = 
 class Kube:
     """One connection pool to the API server, shared by all handler threads."""
 
-    def __init__(self, server: str, *, verify: Any, cert: tuple[str, str] | None, token: str | None) -> None:
-        headers = {"Accept": "application/json"}
+    def __init__(self, server: str, *, ca_file: str | None, cert: tuple[str, str] | None, token: str | None,
+                 verify: bool = True) -> None:
+        headers = {"Accept": "application/json", "User-Agent": "kvpilot-operator"}
         if token:
             headers["Authorization"] = token if token.startswith("Bearer ") else f"Bearer {token}"
-        self._http = httpx.Client(base_url=server, verify=verify, cert=cert, headers=headers, timeout=30.0)
+        tls: ssl.SSLContext | bool = False
+        if verify or cert:
+            tls = ssl.create_default_context(cafile=ca_file) if verify else ssl._create_unverified_context()
+            if cert:
+                tls.load_cert_chain(*cert)
+        limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
+        self._http = httpx.Client(base_url=server, verify=tls, headers=headers, timeout=30.0, limits=limits)
         self._lock = threading.Lock()
         self.requests: Counter[str] = Counter()
 
@@ -52,10 +60,9 @@ class Kube:
             config.load_incluster_config(client_configuration=cfg)
         except config.ConfigException:
             config.load_kube_config(client_configuration=cfg)
-        verify: Any = (cfg.ssl_ca_cert or True) if cfg.verify_ssl else False
         cert = (cfg.cert_file, cfg.key_file) if cfg.cert_file else None
         token = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
-        return cls(cfg.host, verify=verify, cert=cert, token=token)
+        return cls(cfg.host, ca_file=cfg.ssl_ca_cert, cert=cert, token=token, verify=bool(cfg.verify_ssl))
 
     def request(self, method: str, path: str, *, body: Any = None, params: Mapping[str, str] | None = None,
                 content_type: str = "application/json") -> dict[str, Any]:
@@ -89,7 +96,8 @@ class Kube:
 
     def merge_patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         path = object_path(c.API_VERSION, c.KIND, namespace, name) + "/status"
-        return self.request("PATCH", path, body=patch, content_type="application/merge-patch+json")
+        return self.request("PATCH", path, body=patch, params={"fieldManager": c.FIELD_MANAGER},
+                            content_type="application/merge-patch+json")
 
     def crd_exists(self, name: str) -> bool:
         return self.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") is not None

@@ -74,7 +74,10 @@ def reconcile(ctx: Context, body: Mapping[str, Any]) -> CapacityPlan:
     ctx.kube.apply(build_api_service(body))
     ctx.kube.apply(build_metrics_service(body))
     monitoring = _monitoring(ctx, body)
-    _record_plan(ctx, body, spec, plan, deployment=deployment, monitoring=monitoring)
+    path = object_path("apps/v1", "Deployment", namespace, deployment["metadata"]["name"])
+    # Read the Deployment again when writing: the watcher may already have recorded a newer
+    # status than the apply's response, and an older snapshot must never overwrite it.
+    _record_plan(ctx, body, spec, plan, deployment=lambda: ctx.kube.get(path) or deployment, monitoring=monitoring)
     return plan
 
 
@@ -93,7 +96,8 @@ def _monitoring(ctx: Context, body: Mapping[str, Any]) -> Condition:
 
 
 def _record_plan(ctx: Context, body: Mapping[str, Any], spec: ServiceSpec, plan: CapacityPlan,
-                 deployment: dict[str, Any] | None = None, monitoring: Condition | None = None) -> None:
+                 deployment: Callable[[], dict[str, Any]] | None = None,
+                 monitoring: Condition | None = None) -> None:
     meta = body["metadata"]
     generation, now = meta.get("generation"), ctx.now()
 
@@ -102,9 +106,10 @@ def _record_plan(ctx: Context, body: Mapping[str, Any], spec: ServiceSpec, plan:
         if monitoring is not None:
             new = with_conditions(new, [monitoring], now=now, generation=generation)
         if deployment is not None:
-            new = with_rollout(new, rollout_state(deployment), now=now)
-            new["stable"] = {**new["stable"], "deployment": deployment["metadata"]["name"],
-                             "deploymentGeneration": deployment["metadata"].get("generation")}
+            live_deployment = deployment()
+            new = with_rollout(new, rollout_state(live_deployment), now=now)
+            new["stable"] = {**new["stable"], "deployment": live_deployment["metadata"]["name"],
+                             "deploymentGeneration": live_deployment["metadata"].get("generation")}
         return new
 
     result = write_status(ctx.kube, meta["namespace"], meta["name"], update, obj=dict(body))
