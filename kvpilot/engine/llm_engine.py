@@ -12,6 +12,7 @@ from kvpilot.engine.config import EngineConfig, ModelConfig
 from kvpilot.engine.engine_stats import EngineStats, build_feed
 from kvpilot.engine.kv_wiring import apply_kv_stats, build_block_manager
 from kvpilot.engine.linear_check import add_linear_checks
+from kvpilot.engine.mla_check import add_mla_checks
 from kvpilot.engine.model_runner import ModelRunner
 from kvpilot.engine.paged_scoring import score_paged
 from kvpilot.engine.runtime_checks import RuntimeChecks
@@ -64,6 +65,7 @@ class LLMEngine:
         )
         self.checks = RuntimeChecks(self)  # runtime_checks.py: eviction, validation, head utilisation
         add_linear_checks(self)  # linear_check.py: validation of the Performer conversion
+        add_mla_checks(self)  # mla_check.py: validation of the MLA conversion (exact K/V, dense)
         self.evictor = self.checks.evictor
         self.stats_state = EngineStats()
         self._seqs: dict[str, Sequence] = {}

@@ -128,3 +128,15 @@ def test_mla_settings_are_checked(llama) -> None:
         LLM(llama, show_progress=False, latent_rank=8)
     with pytest.raises(ValueError, match="not available for an MLA latent cache"):
         LLM(llama, show_progress=False, attention="mla", latent_rank=8, kv_cache_dtype="int8")
+
+
+@pytest.mark.parametrize(("rank", "low", "high"), [(FULL_RANK, 0.99999, 1.00001), (8, -1.0, 0.92)])
+def test_runtime_validation_compares_with_the_original_kv(llama, rank: int, low: float, high: float) -> None:
+    """Every 2nd decode token: the served layer output vs a dense pass with the checkpoint's own K/V."""
+    llm = LLM(llama, show_progress=False, attention="mla", latent_rank=rank, validate_every=2,
+              validation_sample_rate=1.0)  # fmt: skip
+    llm.generate(PROMPTS[:2], SamplingParams(temperature=0.0, max_tokens=6))
+    validation = llm.engine.stats()["validation"]
+    assert validation["checks_total"] >= 2
+    assert low <= validation["last_cosine"] <= high
+    assert sum(validation["fallbacks_total"].values()) == 0  # a latent cache has no exact paged path

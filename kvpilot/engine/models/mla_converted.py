@@ -34,19 +34,32 @@ class ConvertedMlaAttention(nn.Module):
         self.register_buffer("v_bias", None if src.v_proj.bias is None else src.v_proj.bias.detach().clone())
         self.attn = LatentAttention(self.num_heads, conv.rank, src.attn.scale)
         self.conversion = conv
+        # The original projections stay for runtime validation's exact side (mla_check.py): dense
+        # passes only, since the paged cache holds latents. They cost weights, not KV memory.
+        self.k_proj, self.v_proj = src.k_proj, src.v_proj
+        self.force_exact = False
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
         q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
         q, _ = self.rotary_emb(positions, q, q[:, :1])
-        latent = F.linear(x, self.down)
-        o = self.attn(q, latent, positions, self._expand)
+        if self.force_exact:  # dense recompute with the checkpoint's own K/V (validation)
+            o = self.attn(q, x, positions, self._expand_exact)
+        else:
+            o = self.attn(q, F.linear(x, self.down), positions, self._expand)
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
 
     def _expand(self, rows: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n = rows.shape[0]
         k = F.linear(rows, self.up_k, self.k_bias).view(n, self.num_kv_heads, self.head_dim)
         v = F.linear(rows, self.up_v, self.v_bias).view(n, self.num_kv_heads, self.head_dim)
+        k, _ = self.rotary_emb(positions, k, k[:, :1])
+        return k, v
+
+    def _expand_exact(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = x.shape[0]
+        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
         k, _ = self.rotary_emb(positions, k, k[:, :1])
         return k, v
 

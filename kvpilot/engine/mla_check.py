@@ -1,0 +1,61 @@
+"""Runtime validation of the MLA conversion (attention="mla", latent_rank r).
+
+Exact side: the model run densely with every converted layer using the checkpoint's own K/V
+projections (kept beside the factorisation). No fallback: the paged cache of a converted model
+holds rank-r latents, not K/V, so there is no exact paged path for a running sequence; a cosine
+below the threshold is logged as a warning and shows in `validation.last_cosine` (the remedy is a
+higher latent_rank or --disable-mla, both deployment settings).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import torch
+
+from kvpilot.engine.models.mla_converted import ConvertedMlaAttention
+from kvpilot.engine.sequence import Sequence
+from kvpilot.engine.validation_runner import DenseRecompute
+
+if TYPE_CHECKING:
+    from kvpilot.engine.llm_engine import LLMEngine
+
+
+@contextmanager
+def exact_kv(model: torch.nn.Module) -> Iterator[None]:
+    """Within the block, dense passes of the converted layers use the original K/V projections."""
+    layers = [m for m in model.modules() if isinstance(m, ConvertedMlaAttention)]
+    for layer in layers:
+        layer.force_exact = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.force_exact = False
+
+
+class MlaConversionCheck(DenseRecompute):
+    """The MLA conversion's ApproximationCheck (validation_runner.py)."""
+
+    name = "mla"
+
+    def applies(self, seq: Sequence) -> bool:
+        return True
+
+    def exact_attention(self, seq: Sequence, layer: int, num_tokens: int) -> torch.Tensor:
+        with exact_kv(self.engine.runner.model):
+            return super().exact_attention(seq, layer, num_tokens)
+
+    def can_fall_back(self, seq: Sequence) -> bool:
+        return False
+
+    def fall_back(self, seq: Sequence) -> None:  # pragma: no cover - can_fall_back is always False
+        raise RuntimeError("the MLA conversion has no exact paged path to fall back to")
+
+
+def add_mla_checks(engine: LLMEngine) -> None:
+    """Register the conversion's check when the engine serves converted layers."""
+    if engine.runner.mla.mode == "converted":
+        engine.checks.add_check(MlaConversionCheck(engine))
