@@ -1,9 +1,10 @@
 """Runtime validation of the Performer conversion (attention="linear"): exact side and fallback.
 
 Exact side: the model run densely with every converted layer forced to plain softmax attention.
-Fallback: the converted layers keep every token's K/V in the paged cache, so an exact path always
-exists; the sequence is flagged `exact_path` and recomputed from token 0 (its recurrent state is
-freed and its K/V rewritten by exact attention), after which it attends to its whole context.
+Fallback: without eviction the converted layers keep every token's K/V in the paged cache, so an
+exact path exists (with eviction, when the whole context fits the pool); the sequence is flagged
+`exact_path` and recomputed from token 0 (its recurrent state is freed, its K/V rewritten by exact
+attention, eviction skips it), after which it attends to its whole context.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from kvpilot.engine.performer_attention import PerformerAttention
 from kvpilot.engine.sequence import Sequence
-from kvpilot.engine.validation_runner import DenseRecompute, requeue_for_recompute
+from kvpilot.engine.validation_runner import EvictionCheck, requeue_for_recompute
 
 if TYPE_CHECKING:
     from kvpilot.engine.llm_engine import LLMEngine
@@ -35,8 +36,9 @@ def exact_softmax(model: torch.nn.Module) -> Iterator[None]:
             layer.force_exact = False
 
 
-class PerformerCheck(DenseRecompute):
-    """The Performer conversion's ApproximationCheck (validation_runner.py)."""
+class PerformerCheck(EvictionCheck):
+    """The Performer conversion's ApproximationCheck (validation_runner.py); its exact path is the
+    whole context, which must fit the KV pool when eviction dropped blocks (as EvictionCheck asks)."""
 
     name = "linear"
 
@@ -48,7 +50,7 @@ class PerformerCheck(DenseRecompute):
             return super().exact_attention(seq, layer, num_tokens)
 
     def can_fall_back(self, seq: Sequence) -> bool:
-        return True
+        return getattr(self.engine, "evictor", None) is None or super().can_fall_back(seq)
 
     def fall_back(self, seq: Sequence) -> None:
         seq.exact_path = True

@@ -94,11 +94,23 @@ def build_linear_state(model: nn.Module, config: EngineConfig, device: torch.dev
                 f"attention='linear' reads its exact window from a 16/32-bit KV cache, not kv_cache_dtype="
                 f"{config.kv_cache_dtype!r}; choose a 16-bit kv_cache_dtype or pass --disable-kv-quant"
             )
-        if getattr(config, "eviction", "none") != "none":
-            raise ValueError(
-                f"attention='linear' reads its window by token position from the paged cache; eviction="
-                f"{config.eviction!r} compacts block tables, so the two cannot be combined yet: use eviction='none'"
-            )
+        check_eviction_fits(config)
         convert_to_performer(model, config)
     layers = stateful_layers(model)
     return LinearState(layers, config.max_num_seqs, device) if layers else None
+
+
+def check_eviction_fits(config: EngineConfig) -> None:
+    """The Performer window reads the newest tokens by position in the sequence's view, so eviction
+    may only drop the oldest blocks (sinks, no sink tokens) and must keep at least the window."""
+    mode = getattr(config, "eviction", "none")
+    if mode == "none":
+        return
+    kept = -(-config.eviction_window // config.block_size) * config.block_size
+    if mode != "sinks" or config.eviction_sinks != 0 or kept < config.linear_window - 1:
+        raise ValueError(
+            f"attention='linear' with eviction needs eviction='sinks', eviction_sinks=0 and eviction_window >= "
+            f"linear_window - 1 ({config.linear_window - 1}) so the exact window stays resident; got eviction="
+            f"{mode!r}, eviction_sinks={config.eviction_sinks}, eviction_window={config.eviction_window} "
+            "(or use eviction='none')"
+        )

@@ -143,11 +143,25 @@ def test_short_window_logit_agreement_is_reported(llama: str) -> None:
         assert math.isfinite(cos) and cos >= min_cos and top1 >= min_top1
 
 
-def test_quantised_kv_cache_and_eviction_are_refused_with_the_alternatives(llama: str) -> None:
+def test_quantised_kv_cache_and_unsafe_eviction_are_refused(llama: str) -> None:
     with pytest.raises(ValueError, match="disable-kv-quant"):
         LLM(llama, show_progress=False, attention="linear", kv_cache_dtype="int8")
-    with pytest.raises(ValueError, match="eviction='none'"):
-        LLM(llama, show_progress=False, attention="linear", eviction="sinks")
+    for eviction in ({"eviction": "sinks"}, {"eviction": "sinks", "eviction_sinks": 0, "eviction_window": 4},
+                     {"eviction": "ladder", "eviction_sinks": 0}):  # fmt: skip
+        with pytest.raises(ValueError, match="eviction_sinks=0 and eviction_window >= linear_window - 1"):
+            LLM(llama, show_progress=False, attention="linear", linear_window=8, block_size=4, **eviction)
+
+
+def test_eviction_frees_blocks_behind_the_window_and_changes_nothing(llama: str) -> None:
+    """With eviction dropping only blocks older than the window, the tokens are those of the
+    conversion without eviction, while the KV pool holds just the window per sequence."""
+    common = {"attention": "linear", "linear_window": 8, "linear_features": 16, "block_size": 8}
+    prompts = [*PROMPTS, LONG]
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    whole = [o["token_ids"] for o in LLM(llama, show_progress=False, **common).generate(prompts, params)]
+    llm = LLM(llama, show_progress=False, eviction="sinks", eviction_sinks=0, eviction_window=8, **common)
+    assert [o["token_ids"] for o in llm.generate(prompts, params)] == whole
+    assert llm.engine.checks.evictor.evicted_blocks_total > 0
 
 
 def test_runtime_validation_moves_a_low_cosine_sequence_to_exact_attention(llama: str) -> None:
