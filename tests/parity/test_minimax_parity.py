@@ -71,6 +71,17 @@ def test_minimax_greedy_matches_hf(checkpoint, config_name: str) -> None:
     assert pool.num_used == 0, "finished sequences must give their state slots back"
 
 
+def test_minimax_pools_count_only_softmax_kv_and_the_state_bytes(checkpoint) -> None:
+    path, _ = checkpoint
+    budget = 2**20
+    llm = LLM(path, show_progress=False, cpu_kv_cache_bytes=budget, max_num_seqs=8, block_size=16)
+    runner = llm.engine.runner
+    state = runner.linear_state
+    assert state.bytes_total == 8 * 3 * 4 * 16 * 16 * 4  # slots x lightning layers x H x D x D x fp32
+    assert runner.bytes_per_block == 2 * 1 * 16 * 2 * 16 * 4  # K and V x 1 softmax layer x 16 tokens
+    assert runner.num_kv_blocks == (budget - state.bytes_total) // runner.bytes_per_block
+
+
 def test_minimax_abort_frees_the_state_slot(checkpoint) -> None:
     path, _ = checkpoint
     llm = LLM(path, show_progress=False)
