@@ -20,7 +20,8 @@ Shape (every key below is always present; values that do not apply yet are null 
              "blocks_used": int, "blocks_cached": int,
              "live_token_slots": int,        # tokens whose K/V are stored for live sequences
              "allocated_token_slots": int,   # blocks held by live sequences x block_size
-             "efficiency": float|null},      # live / allocated (bytes ratio), null with no live seq
+             "efficiency": float|null,       # live / allocated (bytes ratio), null with no live seq
+             "sequences_by_dtype": {dtype: int}},  # running sequences per KV cache dtype (auto switching)
       "prefix_cache": {"queried_tokens_total": int, "hit_tokens_total": int},
       "memory_bytes": {"weights": int, "kv_pool": int, "kv_used": int, "activation_peak": int,
                        "torch_reserved": int, "torch_allocated": int},

@@ -113,6 +113,10 @@ ENGINE: tuple[MetricSpec, ...] = (
     _g("kv_allocated_tokens", "tokens",
        "Token slots in blocks held by live sequences (efficiency denominator).",
        "kv.allocated_token_slots"),
+    _g("kv_sequences", "",
+       "Running sequences per KV cache dtype (kv_cache_dtype=auto puts new ones on int8 blocks "
+       "at the batch-size threshold; engine_info's kv_cache_dtype is the current choice).",
+       "kv.sequences_by_dtype{dtype}", ("dtype",)),
     _c("prefix_cache_queried_tokens_total", "tokens", "Prompt tokens looked up in the prefix cache.",
        "prefix_cache.queried_tokens_total"),
     _c("prefix_cache_hit_tokens_total", "tokens", "Prompt tokens found in the prefix cache.",
