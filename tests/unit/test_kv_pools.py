@@ -169,3 +169,36 @@ def test_serve_cli_accepts_the_new_flags():
     assert args.kv_quant_auto_threshold == 32
     for kv in ("auto", "bf16", "bfloat16", "fp16", "float16", "float32", "int8", "fp8"):
         assert parser.parse_args(["--model", "m", "--kv-cache-dtype", kv]).kv_cache_dtype == kv
+
+
+def _serve_prepare(tmp_path, *flags):
+    import argparse
+    import json
+
+    from kvpilot.engine.cli_serve import _prepare, add_arguments
+    from kvpilot.engine.make_model import model_config
+
+    (tmp_path / "config.json").write_text(json.dumps(model_config("llama", "small", num_key_value_heads=4)))
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return _prepare(parser.parse_args(["--model", str(tmp_path), "--device", "cpu", *flags]))
+
+
+def test_serve_plans_the_pool_and_names_the_strategy(tmp_path):
+    """The capacity plan sizes the pool in the strategy's own blocks: int8 and fp8 blocks are smaller, so
+    more fit the same memory; GQA halves the KV heads; the disable flags restore the 16-bit native plan."""
+    runs = {
+        "bf16": (), "int8": ("--kv-cache-dtype", "int8"), "fp8": ("--kv-cache-dtype", "fp8"),
+        "gqa2-int8": ("--attention", "gqa", "--kv-head-groups", "2", "--kv-cache-dtype", "int8"),
+        "off": ("--attention", "gqa", "--kv-head-groups", "2", "--kv-cache-dtype", "int8", "--disable-gqa",
+                "--disable-kv-quant"),
+        "auto": ("--kv-quant-auto-threshold", "32",),
+    }
+    got = {name: _serve_prepare(tmp_path, *flags) for name, flags in runs.items()}
+    names = {name: settings.strategy for name, (_, settings, _) in got.items()}
+    blocks = {name: config.num_kv_blocks for name, (config, _, _) in got.items()}
+    assert names == {"bf16": "native-bf16", "int8": "native-int8", "fp8": "native-fp8", "gqa2-int8": "gqa2-int8",
+                     "off": "native-bf16", "auto": "native-auto32"}
+    assert blocks["off"] == blocks["bf16"] == blocks["auto"]  # auto plans the 16-bit budget, then splits it
+    assert blocks["int8"] > blocks["bf16"] and blocks["fp8"] > blocks["bf16"]
+    assert blocks["gqa2-int8"] > blocks["int8"]
