@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -10,17 +13,38 @@ from kvpilot.operator.kube import Kube, KubeError, object_path
 
 StatusUpdate = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]  # (object, old status) -> new
 
+_locks: dict[tuple[str, str], threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+class StatusConflict(RuntimeError):
+    """Other writers kept changing the object; the caller should retry shortly."""
+
+
+def _lock(namespace: str, name: str) -> threading.Lock:
+    with _locks_guard:
+        return _locks.setdefault((namespace, name), threading.Lock())
+
 
 def write_status(kube: Kube, namespace: str, name: str, update: StatusUpdate,
                  obj: dict[str, Any] | None = None, attempts: int = 5) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """Apply `update` to the live status; PATCH only a real change. Returns (old, new) or None if gone.
 
-    The patch carries the resourceVersion it was computed from, so two writers (the reconcile
-    handler and the Deployment watcher) never overwrite each other's conditions: a conflict
-    re-reads and recomputes.
+    The patch carries the resourceVersion it was computed from, so writers never overwrite each
+    other's conditions: a conflict re-reads and recomputes. Within this process the reconcile
+    handler and the Deployment watcher also take turns per object, so conflicts come only from
+    other writers (kopf's own annotations, another operator replica).
     """
+    with _lock(namespace, name):
+        return _write(kube, namespace, name, update, obj, attempts)
+
+
+def _write(kube: Kube, namespace: str, name: str, update: StatusUpdate, obj: dict[str, Any] | None,
+           attempts: int) -> tuple[dict[str, Any], dict[str, Any]] | None:
     path = object_path(c.API_VERSION, c.KIND, namespace, name)
-    for _ in range(attempts):
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(random.uniform(0.05, 0.1) * 2**attempt)
         live = obj if obj is not None else kube.get(path)
         obj = None
         if live is None:
@@ -41,4 +65,4 @@ def write_status(kube: Kube, namespace: str, name: str, update: StatusUpdate,
                 return None
             if exc.status != 409:
                 raise
-    raise RuntimeError(f"status of {namespace}/{name}: still conflicting after {attempts} attempts")
+    raise StatusConflict(f"status of {namespace}/{name}: still conflicting after {attempts} attempts")

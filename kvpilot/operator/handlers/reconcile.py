@@ -10,6 +10,7 @@ import kopf
 from kvpilot.operator import constants as c
 from kvpilot.operator.handlers.context import context_for
 from kvpilot.operator.reconciler import InvalidSpec, RetryLater, reconcile
+from kvpilot.operator.status_writer import StatusConflict
 
 
 @kopf.on.resume(c.GROUP, c.VERSION, c.PLURAL)
@@ -20,6 +21,8 @@ def reconcile_service(body: kopf.Body, logger: logging.Logger, **_: Any) -> None
         plan = reconcile(context_for(body), body)
     except RetryLater as exc:
         raise kopf.TemporaryError(str(exc), delay=exc.delay) from None
+    except StatusConflict as exc:
+        raise kopf.TemporaryError(str(exc), delay=2) from None
     except InvalidSpec as exc:
         raise kopf.PermanentError(str(exc)) from None
     logger.info("reconciled: %s", plan.reason)
