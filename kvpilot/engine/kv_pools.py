@@ -55,6 +55,8 @@ class PooledBlockManager:
         bound = self._bound.get(seq.request_id)
         if bound is not None:
             return bound
+        if seq.exact_path:  # runtime validation moved it off 8-bit KV (kv_quant_check.py)
+            return POOL16
         running = len(self._bound)
         if self.mode == POOL16 and running >= self.threshold:
             self.mode, self.switches_total = POOL8, self.switches_total + 1

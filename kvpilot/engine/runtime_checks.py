@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvpilot.engine.eviction import EvictionPolicy, Evictor
 from kvpilot.engine.head_utilization import HeadUtilizationSampler
+from kvpilot.engine.kv_quant_check import kv_quant_checks
 from kvpilot.engine.scheduler import SchedulerOutput
 from kvpilot.engine.validation_runner import ApproximationCheck, EvictionCheck, ValidationRunner
 
@@ -52,6 +53,7 @@ class RuntimeChecks:
             check_pool_fits(policy, engine, chunk)
             engine.scheduler.max_chunk_tokens = chunk  # a long prompt is evicted between chunks
         checks: list[ApproximationCheck] = [EvictionCheck(engine)] if self.evictor is not None else []
+        checks += kv_quant_checks(engine)
         checks += extra_checks or []
         self.validation = ValidationRunner(engine, checks)
         layers = engine.runner.model.attention_layers()

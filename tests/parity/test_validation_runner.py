@@ -112,3 +112,32 @@ def test_sampling_is_per_request_and_proportional():
     assert 0.07 < share < 0.13
     assert all(is_sampled(r, 0.1) == is_sampled(r, 0.1) for r in ids[:50])
     assert not any(is_sampled(r, 0.0) for r in ids) and all(is_sampled(r, 1.0) for r in ids)
+
+
+def test_int8_cache_without_a_16bit_pool_is_checked_but_stays(ckpt, caplog):
+    eng = engine(ckpt, kv_cache_dtype="int8", validate_every=4, validation_sample_rate=1.0,
+                 validation_threshold=0.999999)  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="kvpilot.engine.validation"):
+        generate(eng, prompt_of(40), 9)
+    feed = eng.stats()["validation"]
+    assert feed["checks_total"] == 2  # completion tokens 4 and 8
+    assert sum(feed["fallbacks_total"].values()) == 0
+    assert 0.999 < feed["last_cosine"] < 0.999999  # int8 K/V: close to, not equal to, the exact output
+    assert any("no exact path" in r.message for r in caplog.records)
+
+
+def test_auto_switched_int8_sequence_falls_back_to_the_16bit_pool(ckpt):
+    eng = engine(ckpt, kv_cache_dtype="auto", kv_quant_auto_threshold=1, kv_quant_auto_hysteresis=0,
+                 validate_every=4, validation_sample_rate=1.0, validation_threshold=0.999999)  # fmt: skip
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    eng.add_request("first", prompt_of(30), params)  # batch 0 -> 16-bit pool
+    eng.step()
+    eng.add_request("second", prompt_of(25), params)  # batch 1 -> int8 pool
+    out: dict[str, list[int]] = {"first": [], "second": []}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            out[o.request_id] += o.new_token_ids
+    feed = eng.stats()["validation"]
+    assert feed["fallbacks_total"]["low_cosine"] == 1 and feed["checks_total"] == 1
+    k = 5  # checked on the step producing completion token index 4; recomputed in 16-bit after
+    assert out["second"][k:] == generate(engine(ckpt), prompt_of(25) + out["second"][:k], 12 - k)
