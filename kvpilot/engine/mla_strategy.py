@@ -70,6 +70,11 @@ def conversion_rank(config: EngineConfig, model_config: ModelConfig) -> int | No
         raise ValueError(
             f"attention='mla' on a {model_config.family} checkpoint needs latent_rank (the shared latent's width)"
         )
+    if getattr(config, "eviction", "none") != "none":
+        raise ValueError(
+            "eviction is not available with the MLA conversion: its keys are rotated at attention time by "
+            "their position in the cached view, which eviction shortens; use eviction='none' or --disable-mla"
+        )
     return config.latent_rank
 
 

@@ -126,6 +126,8 @@ def test_mla_settings_are_checked(llama) -> None:
         LLM(llama, show_progress=False, attention="mla", latent_rank=65)
     with pytest.raises(ValueError, match="latent_rank applies to attention='mla' only"):
         LLM(llama, show_progress=False, latent_rank=8)
+    with pytest.raises(ValueError, match="eviction is not available with the MLA conversion"):
+        LLM(llama, show_progress=False, attention="mla", latent_rank=8, eviction="sinks")
     with pytest.raises(ValueError, match="not available for an MLA latent cache"):
         LLM(llama, show_progress=False, attention="mla", latent_rank=8, kv_cache_dtype="int8")
 
