@@ -33,7 +33,7 @@ def service(name: str = "chat", *, config: dict | None = None, **spec: Any) -> d
             "strategy": {"attention": "gqa", "kvHeadGroups": 4, "kvCacheDtype": "int8", "maxSeqLen": 8192},
             "resources": {"gpus": 1, "gpuProduct": "NVIDIA-H200"},
             "replicas": 2,
-            "engine": {"image": "kvpilot:test", "disable": ["eviction"], "args": ["--log-level", "INFO"]},
+            "engine": {"image": "kvpilot:test", "disable": ["kv-quant"], "args": ["--log-level", "INFO"]},
         },
     }
     body["spec"].update(spec)

@@ -82,7 +82,7 @@ def test_engine_args_carry_the_strategy_and_the_planned_concurrency() -> None:
     assert args[args.index("--strategy-name") + 1] == "gqa4-int8"
     assert args[args.index("--shutdown-grace") + 1] == "285"  # 300 s grace minus a margin
     assert "--eviction" not in args and "--latent-rank" not in args
-    assert "--disable-eviction" in args
+    assert "--disable-kv-quant" in args
     assert args[-2:] == ["--log-level", "INFO"]
     assert build_deployment(body, spec, plan)["spec"]["template"]["spec"]["containers"][0]["args"] == args
 
