@@ -1,14 +1,17 @@
 """Sampled `gqa_head_utilization` (../shared/DESIGN.md): how widely each KV head's queries attend.
 
-On one decode step in every `head_utilization_every`, forward hooks on the paged attention layers
-recompute the decode queries' attention probabilities over the cached keys (in fp32, beside the
-kernel, which never materialises them) and record, per layer and KV head,
+On one decode step in every `head_utilization_every`, a forward hook on ONE paged attention layer
+(round robin, so each layer is refreshed every `every x num_layers` decode steps) recomputes the
+first MAX_SAMPLED_SEQS decode queries' attention probabilities over the cached keys (in fp32,
+beside the kernel, which never materialises them) and records, per KV head of that layer,
 
     mean over decode sequences and over the query heads of the group of exp(H(p)) / context_len
 
 where H is the entropy of the softmax over the sequence's resident context. 1 means uniform
 attention over every position; 1/context_len means all weight on one position. The feed holds
-the latest sample. Layers whose cache is not a float [blocks, block_size, Hkv, D] tensor (8-bit
+the latest sample of each layer. Sampling one layer and a few sequences keeps the cost at a
+fraction of one decode step per sample (docs/benchmarks.md, "gqa_head_utilization sampling cost").
+Layers whose cache is not a float [blocks, block_size, Hkv, D] tensor (8-bit
 or latent caches) are skipped: their keys are not directly readable here.
 """
 
@@ -19,7 +22,7 @@ import torch
 from kvpilot.engine.context import get_context
 from kvpilot.engine.scheduler import SchedulerOutput
 
-MAX_SAMPLED_SEQS = 8  # decode sequences per sampled step (bounds the cost at large batches)
+MAX_SAMPLED_SEQS = 4  # decode sequences per sampled step (bounds the cost at large batches)
 
 
 def head_utilization(
@@ -74,7 +77,8 @@ class HeadUtilizationSampler:
         self._decode_steps += 1
         if self._decode_steps % self.every:
             return
-        self._handles = [m.register_forward_hook(self._hook(i)) for i, m in self.layers]
+        layer, module = self.layers[self.samples_total % len(self.layers)]
+        self._handles = [module.register_forward_hook(self._hook(layer))]
         self.samples_total += 1
 
     def after_step(self) -> None:

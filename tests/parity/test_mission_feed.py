@@ -25,13 +25,17 @@ def run_some(eng: LLMEngine, steps: int) -> None:
 
 
 def test_head_utilization_is_sampled_per_layer_and_kv_head(ckpt):
-    eng = LLMEngine(EngineConfig(model=str(ckpt), device="cpu", show_progress=False, head_utilization_every=3))
-    run_some(eng, 2)
-    assert eng.stats()["gqa_head_utilization"] == []  # first decode step only: no sample yet
-    for _ in range(3):
-        eng.step()
-    feed = eng.stats()["gqa_head_utilization"]
+    eng = LLMEngine(EngineConfig(model=str(ckpt), device="cpu", show_progress=False, head_utilization_every=2))
     mc = eng.model_config
+    run_some(eng, 2)  # prefill, then decode step 1
+    assert eng.stats()["gqa_head_utilization"] == []
+    eng.step()  # decode step 2: layer 0 sampled (one layer per sample, round robin)
+    assert [(e["layer"], e["kv_head"]) for e in eng.stats()["gqa_head_utilization"]] == [
+        (0, h) for h in range(mc.num_key_value_heads)
+    ]
+    eng.step()
+    eng.step()  # decode step 4: layer 1
+    feed = eng.stats()["gqa_head_utilization"]
     assert [(e["layer"], e["kv_head"]) for e in feed] == [
         (layer, h) for layer in range(mc.num_hidden_layers) for h in range(mc.num_key_value_heads)
     ]
