@@ -257,5 +257,6 @@ def allocate_quantised_kv_cache(runner: Any) -> None:  # a ModelRunner (importin
             layout.quant, runner.kv_cache8[0, i], runner.kv_cache8[1, i], runner.kv_scales[0, i],
             runner.kv_scales[1, i], n16, bs,
         )
+    runner.kv_quant_bytes = sum(t.numel() * t.element_size() for t in (runner.kv_cache8, runner.kv_scales))
     runner.num_kv_blocks = n16 + n8
     runner.kv_pool_sizes = (n16, n8) if layout.kind == "auto-switch" else (n8,)

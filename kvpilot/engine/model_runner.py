@@ -55,6 +55,7 @@ class ModelRunner:
         self._baseline_allocated = torch.cuda.memory_allocated(self.device) if self.is_cuda else 0
         self.num_kv_blocks = self._size_kv_pool()
         self.kv_pool_sizes: tuple[int, ...] = (self.num_kv_blocks,)  # (16-bit, int8) under auto switching
+        self.kv_quant_bytes = 0  # 8-bit K/V and scales beside kv_cache (kv_quant_cache.py)
         self._allocate_kv_cache()
 
     @property
@@ -235,6 +236,7 @@ class ModelRunner:
     def _track_activation(self, num_tokens: int, num_logit_rows: int) -> None:
         if self.is_cuda:
             base = self._baseline_allocated + self.kv_cache.numel() * self.kv_cache.element_size()
+            base += self.kv_quant_bytes
             peak = torch.cuda.max_memory_allocated(self.device) - base
         else:
             peak = estimate_activation_bytes(self.model_config, self.dtype, num_tokens, num_logit_rows)
