@@ -1,0 +1,121 @@
+"""Engine-level MLA decode: native DeepSeek MLA (absorbed kernel vs --disable-mla) and the MLA conversion.
+
+Random bf16 checkpoints with a few layers (dense MLPs: the MoE is plain torch and would dominate):
+- DeepSeek-V2-Lite attention shapes: hidden 2048, 16 heads, kv_lora_rank 512, rope 64, nope 128, v 128,
+  no q_lora; KV bytes per token and decode tokens/s, absorbed (mla_decode kernel) vs unabsorbed.
+- Llama-3-8B attention shapes (hidden 4096, 32 heads, 8 KV heads of 128): exact vs MLA conversion at
+  several latent ranks (KV bytes per token, decode tokens/s; the conversion decompresses the whole
+  context every step, so it is expected to be slower: its gain is memory).
+
+Decode tokens/s = (B x N) / (time(prompt + N tokens) - time(prompt + 1 token)), B sequences at once.
+
+    python bench/bench_mla_engine.py --device cuda --layers 4 --batch 64 --prompt 2048 --new 64
+    python bench/bench_mla_engine.py --device cpu --tiny          # smoke test of the script itself
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from kvpilot.engine.llm import LLM
+from kvpilot.engine.make_model import write_generation_config, write_tokenizer
+from kvpilot.engine.sampling_params import SamplingParams
+
+
+def build(kind: str, out: Path, layers: int, tiny: bool) -> Path:
+    import transformers
+
+    if kind == "deepseek":
+        dims = dict(hidden_size=2048, num_attention_heads=16, kv_lora_rank=512, qk_rope_head_dim=64,
+                    qk_nope_head_dim=128, v_head_dim=128, intermediate_size=10944)  # fmt: skip
+        if tiny:
+            dims = dict(hidden_size=64, num_attention_heads=4, kv_lora_rank=32, qk_rope_head_dim=8,
+                        qk_nope_head_dim=16, v_head_dim=16, intermediate_size=128)  # fmt: skip
+        config = transformers.DeepseekV2Config(
+            vocab_size=32000 if not tiny else 384, num_hidden_layers=layers, q_lora_rank=None,
+            num_key_value_heads=dims["num_attention_heads"], first_k_dense_replace=layers,
+            n_routed_experts=1, num_experts_per_tok=1, max_position_embeddings=16384, **dims,
+        )  # fmt: skip
+        model = transformers.DeepseekV2ForCausalLM(config)
+    else:
+        dims = dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336)
+        if tiny:
+            dims = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128)
+        config = transformers.LlamaConfig(vocab_size=32000 if not tiny else 384, num_hidden_layers=layers,
+                                          max_position_embeddings=16384, **dims)  # fmt: skip
+        model = transformers.LlamaForCausalLM(config)
+    model.to(torch.bfloat16).save_pretrained(out)
+    write_tokenizer(out, 384)
+    write_generation_config(out)
+    return out
+
+
+def decode_rate(path: Path, device: str, batch: int, prompt: int, new: int, **engine: object) -> dict:
+    llm = LLM(str(path), device=device, dtype="bfloat16" if device != "cpu" else "float32",
+              show_progress=False, max_num_seqs=batch, max_num_batched_tokens=max(4096, prompt),
+              num_kv_blocks=batch * ((prompt + new) // 16 + 2), **engine)  # fmt: skip
+    prompts = [[3 + (i * 7 + j) % 300 for j in range(prompt)] for i in range(batch)]
+
+    def timed(n: int) -> float:
+        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        llm.generate(prompts, params)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    timed(2)  # warm-up: kernel compilation, allocator
+    prefill = timed(1)
+    total = timed(1 + new)
+    return {
+        "bytes_per_token": llm.engine.runner.bytes_per_block // llm.engine.config.block_size,
+        "decode_tokens_per_s": batch * new / max(total - prefill, 1e-9),
+        "mla": llm.engine.stats()["engine"]["mla"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--prompt", type=int, default=2048)
+    parser.add_argument("--new", type=int, default=64)
+    parser.add_argument("--ranks", default="256,512,1024")
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes (checks the script on CPU)")
+    args = parser.parse_args()
+    if args.tiny:
+        args.batch, args.prompt, args.new, args.ranks = 2, 24, 4, "16,64"
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        ds = build("deepseek", Path(tmp) / "ds", args.layers, args.tiny)
+        for absorbed in (True, False):
+            r = decode_rate(ds, args.device, args.batch, args.prompt, args.new, disable_mla=not absorbed)
+            rows.append(
+                {"model": "deepseek-v2-lite-attn", "path": "absorbed" if absorbed else "unabsorbed", **r}
+            )
+        llama = build("llama", Path(tmp) / "llama", args.layers, args.tiny)
+        rows.append({"model": "llama3-8b-attn", "path": "exact",
+                     **decode_rate(llama, args.device, args.batch, args.prompt, args.new)})  # fmt: skip
+        for rank in (int(x) for x in args.ranks.split(",")):
+            r = decode_rate(
+                llama, args.device, args.batch, args.prompt, args.new, attention="mla", latent_rank=rank
+            )
+            rows.append({"model": "llama3-8b-attn", "path": f"mla r={rank}", **r})
+    for row in rows:
+        err = row["mla"]["reconstruction_error"]
+        print(f"{row['model']:22} {row['path']:12} {row['bytes_per_token']:>8} B/token "
+              f"{row['decode_tokens_per_s']:>10.1f} tok/s" + (f"  err={err:.3f}" if err is not None else ""))  # fmt: skip
+    print(json.dumps({"args": vars(args), "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
