@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import ssl
 import threading
+import time
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -49,6 +50,8 @@ class Kube:
         self._http = httpx.Client(base_url=server, verify=tls, headers=headers, timeout=30.0, limits=limits)
         self._lock = threading.Lock()
         self.requests: Counter[str] = Counter()
+        self._crds: dict[str, tuple[float, bool]] = {}
+        self.last_seen: dict[tuple[str, str], dict[str, Any]] = {}  # InferenceServices, for status_writer
 
     @classmethod
     def from_environment(cls) -> Kube:
@@ -99,8 +102,14 @@ class Kube:
         return self.request("PATCH", path, body=patch, params={"fieldManager": c.FIELD_MANAGER},
                             content_type="application/merge-patch+json")
 
-    def crd_exists(self, name: str) -> bool:
-        return self.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") is not None
+    def crd_exists(self, name: str, max_age_s: float = 60.0) -> bool:
+        """Whether a CRD is installed; remembered for `max_age_s` (one GET a minute, not per reconcile)."""
+        cached = self._crds.get(name)
+        if cached is not None and time.monotonic() - cached[0] < max_age_s:
+            return cached[1]
+        found = self.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") is not None
+        self._crds[name] = (time.monotonic(), found)
+        return found
 
     def close(self) -> None:
         self._http.close()

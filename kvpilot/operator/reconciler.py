@@ -112,7 +112,7 @@ def _record_plan(ctx: Context, body: Mapping[str, Any], spec: ServiceSpec, plan:
                              "deploymentGeneration": live_deployment["metadata"].get("generation")}
         return new
 
-    result = write_status(ctx.kube, meta["namespace"], meta["name"], update, obj=dict(body))
+    result = write_status(ctx.kube, meta["namespace"], meta["name"], update)
     if result is not None:
         _announce(ctx, *result, plan=plan)
 
@@ -148,6 +148,6 @@ def _fail(ctx: Context, body: Mapping[str, Any], reason: str, message: str, phas
     def update(_live: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
         return with_failure(old, reason, message, phase=phase, now=now, generation=meta.get("generation"))
 
-    result = write_status(ctx.kube, meta["namespace"], meta["name"], update, obj=dict(body))
+    result = write_status(ctx.kube, meta["namespace"], meta["name"], update)
     if result is not None and result[0] != result[1]:
         ctx.emit("Warning", reason, message)

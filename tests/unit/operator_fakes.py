@@ -48,6 +48,7 @@ class FakeKube:
         self.crds = set(crds)
         self.writes: list[str] = []
         self.requests: list[tuple[str, str]] = []
+        self.last_seen: dict[tuple[str, str], dict[str, Any]] = {}
         self._rv = 100
 
     def add(self, obj: dict[str, Any]) -> None:

@@ -140,6 +140,18 @@ def test_deployment_status_flows_into_ready() -> None:
     assert get_condition(status["conditions"], "Ready")["status"] == "True"
     assert get_condition(status["conditions"], "Progressing")["reason"] == "RolloutComplete"
     assert run.events[-1][:2] == ("Normal", "Ready")
-    writes = len(run.kube.writes)
-    assert follow_deployment(run.ctx, dep) is None  # same status again: no write
-    assert len(run.kube.writes) == writes
+    writes, requests = len(run.kube.writes), len(run.kube.requests)
+    assert follow_deployment(run.ctx, dep) is None  # same status again: no write, not even a read
+    assert len(run.kube.writes) == writes and len(run.kube.requests) == requests
+
+
+def test_stale_cached_object_costs_one_conflict_then_succeeds() -> None:
+    run = Run(FakeKube())
+    run.reconcile(service())
+    live = run.kube.find(c.KIND, "chat", c.API_VERSION)
+    live["metadata"]["resourceVersion"] = "999"  # someone else wrote (kopf's annotations)
+    dep = run.kube.find("Deployment", "chat-stable", "apps/v1")
+    dep["status"] = {"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2,
+                     "availableReplicas": 2}
+    assert follow_deployment(run.ctx, dep) is not None
+    assert run.status()["phase"] == "Ready"
