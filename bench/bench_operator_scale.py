@@ -81,6 +81,24 @@ def run_operator_with_counters(namespace: str, stats_path: str) -> int:
         dump()
 
 
+def follow_phases(custom, namespace: str, phases: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+    """Keep `phases` (name -> status.phase) current from one watch stream (not by listing 1,000 objects)."""
+    from kubernetes import watch
+
+    rv = ""
+    while True:
+        try:
+            stream = watch.Watch().stream(custom.list_namespaced_custom_object, "kvpilot.io", "v1alpha1", namespace,
+                                          "inferenceservices", resource_version=rv, timeout_seconds=300)
+            for event in stream:
+                obj = event["object"]
+                rv = obj["metadata"]["resourceVersion"]
+                phases[obj["metadata"]["name"]] = (obj.get("status") or {}).get("phase", "")
+        except Exception:  # a dropped or expired stream: start again from now
+            rv = ""
+            time.sleep(1)
+
+
 def proc_stats(pid: int) -> tuple[float, int]:
     """(CPU seconds user+system, peak RSS bytes) of a live process."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -144,19 +162,19 @@ def main() -> int:
             custom.create_namespaced_custom_object("kvpilot.io", "v1alpha1", namespace, "inferenceservices",
                                                    body(f"svc-{i:05d}", namespace))
 
-        with ThreadPoolExecutor(8) as pool:
+        phases: dict[str, str] = {}
+        threading.Thread(target=follow_phases, args=(custom, namespace, phases), daemon=True).start()
+        with ThreadPoolExecutor(4) as pool:
             list(pool.map(create, range(args.services)))
         created_s = time.monotonic() - began
         ready = 0
         while time.monotonic() - began < args.timeout:
-            items = custom.list_namespaced_custom_object("kvpilot.io", "v1alpha1", namespace,
-                                                         "inferenceservices")["items"]
-            ready = sum(1 for o in items if o.get("status", {}).get("phase") == "Ready")
+            ready = sum(1 for phase in list(phases.values()) if phase == "Ready")
             if ready == args.services:
                 break
             if operator.poll() is not None:
                 raise RuntimeError("the operator exited; see " + log.name)
-            time.sleep(2)
+            time.sleep(0.5)
         all_ready_s = time.monotonic() - began
         time.sleep(3)
         cpu_s, rss = proc_stats(operator.pid)

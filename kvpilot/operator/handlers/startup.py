@@ -21,3 +21,5 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.batching.error_delays = [1, 2, 5, 10, 30, 60]
+    # Handlers are synchronous and wait on the API server, not the CPU: more threads, more overlap.
+    settings.execution.max_workers = 20
