@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -132,6 +133,8 @@ def main() -> int:
     from kubernetes import client, config
 
     from kvpilot.cluster.local import LocalCluster
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops the cluster
 
     state = Path(tempfile.mkdtemp(prefix="kvpilot-bench-")) / "cluster"
     cluster = LocalCluster(state, nodes=args.nodes, start_timeout_s=900)
