@@ -203,7 +203,7 @@ class ValidationRunner:
         can = check.can_fall_back(seq)
         result = validate_attention(exact.float(), approx.float(), check.name, self.threshold, has_exact_path=can)
         self.checks_total += 1
-        self.last_cosine = result.cosine
+        self.last_cosine = None if result.cosine != result.cosine else result.cosine  # the feed is JSON: no NaN
         if result.reason is None:
             return
         if not result.fallback:
