@@ -24,9 +24,12 @@ from kvpilot.engine.make_model import make_model
 from kvpilot.engine.sampling_params import SamplingParams
 
 
-def decode_run(model: str, every: int, batch: int, prompt: int, steps: int) -> tuple[float, list[float], list[float]]:
+def decode_run(
+    model: str, every: int, batch: int, prompt: int, steps: int, device: str = "cpu"
+) -> tuple[float, list[float], list[float]]:
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     eng = LLMEngine(
-        EngineConfig(model=model, device="cpu", dtype="float32", show_progress=False, head_utilization_every=every,
+        EngineConfig(model=model, device=device, dtype="float32", show_progress=False, head_utilization_every=every,
                      max_num_batched_tokens=batch * prompt, cpu_kv_cache_bytes=512 * 2**20)
     )  # fmt: skip
     params = SamplingParams(temperature=0.0, max_tokens=steps + 1, ignore_eos=True)
@@ -40,6 +43,7 @@ def decode_run(model: str, every: int, batch: int, prompt: int, steps: int) -> t
         before = sampler.samples_total
         t = time.perf_counter()
         eng.step()
+        sync()
         (sampled if sampler.samples_total > before else plain).append(time.perf_counter() - t)
     return time.perf_counter() - start, sampled, plain
 
@@ -51,11 +55,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--steps", type=int, default=192)
+    parser.add_argument("--device", default="cpu", help="cpu | cuda")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model = str(make_model(tmp, "llama", "small"))
-        off_total, _, off_steps = decode_run(model, 0, args.batch, args.prompt, args.steps)
-        on_total, sampled, plain = decode_run(model, args.every, args.batch, args.prompt, args.steps)
+        off_total, _, off_steps = decode_run(model, 0, args.batch, args.prompt, args.steps, args.device)
+        on_total, sampled, plain = decode_run(model, args.every, args.batch, args.prompt, args.steps, args.device)
     step = statistics.median(plain)
     extra = statistics.median(sampled) - step
     print(f"torch threads {torch.get_num_threads()}, batch {args.batch}, context {args.prompt}+, every {args.every}")

@@ -1,0 +1,119 @@
+"""Held-out perplexity of a checkpoint under each memory strategy the engine serves.
+
+    python bench/train_tiny.py /tmp/tiny-trained --minutes 3
+    python bench/perplexity.py /tmp/tiny-trained [--windows 8 --length 512 --device cpu]
+
+Teacher-forced scoring through the serving path (kvpilot/engine/paged_scoring.py): each held-out
+window of `length` tokens is fed through the paged cache in block-sized chunks, so 8-bit K/V,
+eviction and the Performer summary act on it exactly as they do in serving (`engine.score()`'s
+dense path would not see them). Perplexity = exp(mean negative log-likelihood over all scored
+tokens). Strategies the engine refuses for this checkpoint are listed with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.llm_engine import LLMEngine
+from kvpilot.engine.paged_scoring import score_paged
+
+
+def strategies(heads_kv: int, head_dim: int, length: int) -> list[tuple[str, dict[str, Any]]]:
+    """(label, EngineConfig overrides) for every strategy the engine offers."""
+    window = max(32, length // 4)
+    out: list[tuple[str, dict[str, Any]]] = [("native", {})]
+    out += [("int8 KV", {"kv_cache_dtype": "int8"}), ("fp8 KV", {"kv_cache_dtype": "fp8"})]
+    out += [(f"gqa {g}", {"attention": "gqa", "kv_head_groups": g}) for g in (heads_kv // 2, heads_kv // 4) if g >= 1]
+    out += [(f"mla r={r}", {"attention": "mla", "latent_rank": r}) for r in (head_dim * heads_kv // 2, head_dim * heads_kv // 4)]
+    out += [(f"linear (Performer, window {w})", {"attention": "linear", "linear_window": w}) for w in (64, 16)]
+    out += [
+        (f"eviction sinks 16 + window {window}", {"eviction": "sinks", "eviction_sinks": 16, "eviction_window": window}),
+        (f"eviction ladder 16 + window {window // 2}",
+         {"eviction": "ladder", "eviction_sinks": 16, "eviction_window": window // 2}),
+    ]  # fmt: skip
+    return out
+
+
+def heldout_windows(model_dir: Path, tokenizer, length: int, count: int) -> list[list[int]]:
+    meta = model_dir / "heldout.json"
+    if meta.is_file():
+        files = [Path(p) for p in json.loads(meta.read_text())["heldout_files"]]
+    else:  # not trained by train_tiny: fall back to its held-out list
+        import sys
+
+        sys.path.insert(0, str(Path(__file__).parent))
+        from train_tiny import stdlib_files
+
+        files = stdlib_files()[1]
+    ids: list[int] = []
+    for path in files:
+        ids += tokenizer.encode(path.read_text(encoding="utf-8", errors="replace"))
+    windows = [ids[i : i + length] for i in range(0, len(ids) - length + 1, length)]
+    return windows[:count]
+
+
+def perplexity(engine: LLMEngine, windows: list[list[int]]) -> float:
+    nll, n = 0.0, 0
+    for w in windows:
+        logprobs = score_paged(engine, w[:1], w[1:])
+        nll -= sum(logprobs)
+        n += len(logprobs)
+    return math.exp(nll / n)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", type=Path)
+    parser.add_argument("--windows", type=int, default=8)
+    parser.add_argument("--length", type=int, default=512)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--only", help="comma-separated label prefixes to run (default: all)")
+    args = parser.parse_args()
+    raw = json.loads((args.model / "config.json").read_text())
+    heads_kv = int(raw.get("num_key_value_heads") or raw["num_attention_heads"])
+    head_dim = int(raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"])
+    windows: list[list[int]] | None = None
+    rows: list[tuple[str, str, str, str]] = []
+    base_ppl = None
+    for label, overrides in strategies(heads_kv, head_dim, args.length):
+        if args.only and not any(label.startswith(p.strip()) for p in args.only.split(",")):
+            continue
+        start = time.perf_counter()
+        try:
+            config = EngineConfig(model=str(args.model), device=args.device, show_progress=False,
+                                  cpu_kv_cache_bytes=256 * 2**20, **overrides)  # fmt: skip
+            engine = LLMEngine(config)
+        except (ValueError, NotImplementedError, RuntimeError) as exc:
+            rows.append((label, "n/a", "", f"refused: {str(exc)[:90]}"))
+            continue
+        if windows is None:
+            windows = heldout_windows(args.model, engine.tokenizer, args.length, args.windows)
+        ppl = perplexity(engine, windows)
+        base_ppl = base_ppl or ppl
+        kv = engine.stats()["kv"]
+        notes = [f"{kv['bytes_per_block'] / kv['block_size']:.0f} B/token KV"]
+        if engine.evictor is not None:  # resident tokens at the end of a window: the eviction's saving
+            policy, bs = engine.evictor.policy, kv["block_size"]
+            full = args.length // bs
+            notes.append(f"keeps {len(policy.kept(full)) * bs + args.length % bs} of {args.length} tokens")
+        if label == "native":  # the paged scorer against engine.score's dense path: must agree
+            dense = math.exp(-sum(sum(engine.score(w[:1], w[1:])) for w in windows) / sum(len(w) - 1 for w in windows))
+            notes.append(f"dense engine.score {dense:.3f}")
+        notes.append(f"{time.perf_counter() - start:.0f} s")
+        rows.append((label, f"{ppl:.3f}", f"{100 * (ppl / base_ppl - 1):+.2f}%", ", ".join(notes)))
+        print(" | ".join(rows[-1]), flush=True)
+    n_tokens = sum(len(w) - 1 for w in windows or [])
+    print(f"\n{len(windows or [])} held-out windows x {args.length} tokens ({n_tokens} scored) from {args.model}\n")
+    print("| strategy | perplexity | vs native | notes |\n|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    main()
