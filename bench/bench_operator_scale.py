@@ -125,6 +125,7 @@ def main() -> int:
     parser.add_argument("--services", type=int, default=1000)
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--service-cidr", default="10.96.0.0/16", help="kube-apiserver --service-cluster-ip-range")
     parser.add_argument("--as-operator", nargs=2, metavar=("NAMESPACE", "STATS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.as_operator:
@@ -132,7 +133,11 @@ def main() -> int:
 
     from kubernetes import client, config
 
+    from kvpilot.cluster import local
     from kvpilot.cluster.local import LocalCluster
+
+    # The test cluster's /24 service range holds ~250 Services; N InferenceServices need N cluster IPs.
+    local.SERVICE_CIDR = args.service_cidr
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops the cluster
 

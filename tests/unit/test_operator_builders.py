@@ -115,6 +115,7 @@ def test_services_select_stable_api_and_every_tracks_metrics() -> None:
     assert api["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
     assert metrics["spec"]["selector"] == {"kvpilot.io/service": "chat"}
     assert metrics["spec"]["ports"][0]["port"] == 9400
+    assert metrics["spec"]["clusterIP"] == "None" and "clusterIP" not in api["spec"]
 
 
 def test_podmonitor_scrapes_the_sidecar_port() -> None:

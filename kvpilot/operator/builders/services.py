@@ -17,17 +17,25 @@ def build_api_service(owner: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def build_metrics_service(owner: Mapping[str, Any]) -> dict[str, Any]:
-    """`<name>-metrics`: the sidecars' /metrics on port 9400 of every track's pods."""
+    """`<name>-metrics`: the sidecars' /metrics on port 9400 of every track's pods.
+
+    Headless: Prometheus scrapes each pod, never a load-balanced address, and no cluster IP is
+    spent on it.
+    """
     name = owner["metadata"]["name"]
     return _service(owner, metrics_service_name(name), "metrics", {c.LABEL_SERVICE: name},
-                    {"name": "metrics", "port": c.METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"})
+                    {"name": "metrics", "port": c.METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+                    headless=True)
 
 
 def _service(owner: Mapping[str, Any], name: str, component: str, selector: dict[str, str],
-             port: dict[str, Any]) -> dict[str, Any]:
+             port: dict[str, Any], headless: bool = False) -> dict[str, Any]:
+    spec: dict[str, Any] = {"type": "ClusterIP", "selector": selector, "ports": [port]}
+    if headless:
+        spec["clusterIP"] = "None"
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": metadata(owner, name, component),
-        "spec": {"type": "ClusterIP", "selector": selector, "ports": [port]},
+        "spec": spec,
     }
