@@ -19,8 +19,8 @@ from kvpilot.operator.builders import (
 )
 from kvpilot.operator.builders.common import lineage_name
 from kvpilot.operator.builders.engine_args import UnsupportedModelUri, model_path
-from kvpilot.operator.conditions import CAPACITY_PLANNED, MONITORING, Condition, get_condition
-from kvpilot.operator.kube import Kube, object_path
+from kvpilot.operator.conditions import CAPACITY_PLANNED, DEGRADED, MONITORING, Condition, get_condition
+from kvpilot.operator.kube import Kube, KubeError, object_path
 from kvpilot.operator.model_config import ModelConfigUnavailable, load_model_config
 from kvpilot.operator.preflight import preflight
 from kvpilot.operator.rollout_state import rollout_state
@@ -55,7 +55,7 @@ class Context:
 
 def reconcile(ctx: Context, body: Mapping[str, Any]) -> CapacityPlan:
     meta = body["metadata"]
-    namespace, name = meta["namespace"], meta["name"]
+    namespace = meta["namespace"]
     spec = ServiceSpec.from_dict(body.get("spec") or {})
     try:
         plan = _plan(ctx, namespace, spec)
@@ -68,17 +68,27 @@ def reconcile(ctx: Context, body: Mapping[str, Any]) -> CapacityPlan:
     if not plan.feasible:
         _record_plan(ctx, body, spec, plan)
         return plan
-    live_lineage = ctx.kube.get(object_path("v1", "ConfigMap", namespace, lineage_name(name)))
-    ctx.kube.apply(build_lineage_configmap(body, spec, plan, live_lineage))
-    deployment = ctx.kube.apply(build_deployment(body, spec, plan))
-    ctx.kube.apply(build_api_service(body))
-    ctx.kube.apply(build_metrics_service(body))
-    monitoring = _monitoring(ctx, body)
+    try:
+        deployment, monitoring = _apply_children(ctx, body, spec, plan)
+    except KubeError as exc:  # e.g. quota, admission webhooks, a full service IP range
+        _fail(ctx, body, "ApplyFailed", str(exc), phase="Degraded", condition=DEGRADED)
+        raise RetryLater(str(exc), delay=30) from None
     path = object_path("apps/v1", "Deployment", namespace, deployment["metadata"]["name"])
     # Read the Deployment again when writing: the watcher may already have recorded a newer
     # status than the apply's response, and an older snapshot must never overwrite it.
     _record_plan(ctx, body, spec, plan, deployment=lambda: ctx.kube.get(path) or deployment, monitoring=monitoring)
     return plan
+
+
+def _apply_children(ctx: Context, body: Mapping[str, Any], spec: ServiceSpec,
+                    plan: CapacityPlan) -> tuple[dict[str, Any], Condition]:
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    live_lineage = ctx.kube.get(object_path("v1", "ConfigMap", namespace, lineage_name(name)))
+    ctx.kube.apply(build_lineage_configmap(body, spec, plan, live_lineage))
+    deployment = ctx.kube.apply(build_deployment(body, spec, plan))
+    ctx.kube.apply(build_api_service(body))
+    ctx.kube.apply(build_metrics_service(body))
+    return deployment, _monitoring(ctx, body)
 
 
 def _plan(ctx: Context, namespace: str, spec: ServiceSpec) -> CapacityPlan:
@@ -141,12 +151,15 @@ def _announce(ctx: Context, old: dict[str, Any], new: dict[str, Any], plan: Capa
         ctx.emit("Normal" if new_mon["status"] == "True" else "Warning", new_mon["reason"], new_mon["message"])
 
 
-def _fail(ctx: Context, body: Mapping[str, Any], reason: str, message: str, phase: str) -> None:
+def _fail(ctx: Context, body: Mapping[str, Any], reason: str, message: str, phase: str,
+          condition: str = CAPACITY_PLANNED) -> None:
     meta = body["metadata"]
     now = ctx.now()
 
     def update(_live: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
-        return with_failure(old, reason, message, phase=phase, now=now, generation=meta.get("generation"))
+        status = "True" if condition == DEGRADED else "False"
+        return with_failure(old, Condition(condition, status, reason, message[:1000]), phase=phase, now=now,
+                            generation=meta.get("generation"))
 
     result = write_status(ctx.kube, meta["namespace"], meta["name"], update)
     if result is not None and result[0] != result[1]:

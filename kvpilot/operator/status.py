@@ -50,10 +50,9 @@ def with_rollout(status: dict[str, Any], state: RolloutState, *, now: str) -> di
     return out
 
 
-def with_failure(status: dict[str, Any], reason: str, message: str, *, phase: str, now: str,
+def with_failure(status: dict[str, Any], condition: Condition, *, phase: str, now: str,
                  generation: int | None) -> dict[str, Any]:
-    """A spec the planner cannot plan at all (or whose model config cannot be read)."""
-    out = with_conditions(status, [Condition(CAPACITY_PLANNED, "False", reason, message)], now=now,
-                          generation=generation)
+    """A spec that cannot be planned, a model config that cannot be read, a child the API refused."""
+    out = with_conditions(status, [condition], now=now, generation=generation)
     out.update(phase=phase, observedGeneration=generation)
     return out

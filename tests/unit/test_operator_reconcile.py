@@ -155,3 +155,29 @@ def test_stale_cached_object_costs_one_conflict_then_succeeds() -> None:
                      "availableReplicas": 2}
     assert follow_deployment(run.ctx, dep) is not None
     assert run.status()["phase"] == "Ready"
+
+
+def test_a_refused_child_is_reported_and_retried() -> None:
+    from kvpilot.operator.kube import KubeError
+
+    kube = FakeKube()
+    real_apply = kube.apply
+
+    def apply(obj: dict) -> dict:
+        if obj["kind"] == "Service":
+            raise KubeError("PATCH", "/api/v1/namespaces/ns/services/chat", 500, "range is full")
+        return real_apply(obj)
+
+    kube.apply = apply  # type: ignore[method-assign]
+    run = Run(kube)
+    with pytest.raises(RetryLater, match="range is full"):
+        run.reconcile(service())
+    status = run.status()
+    assert status["phase"] == "Degraded"
+    degraded = get_condition(status["conditions"], "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "ApplyFailed"
+    assert run.events[-1][:2] == ("Warning", "ApplyFailed")
+    kube.apply = real_apply  # type: ignore[method-assign]
+    run.reconcile(service())
+    assert get_condition(run.status()["conditions"], "Degraded")["status"] == "False"
+    assert run.status()["phase"] == "Progressing"
