@@ -63,7 +63,9 @@ def test_quant_store_and_decode(mode: str, group: int) -> None:
         slots = slots_for(tables[b], n)
         store_kvcache_quant_triton(keys[b], values[b], caches[0], caches[1], scales[0], scales[1], slots)
         kvref.store_kvcache_quant_reference(keys[b], values[b], caches[2], caches[3], scales[2], scales[3], slots)
-    differ = caches[0].view(torch.uint8) != caches[2].view(torch.uint8)
+    # Equal as values: the only byte difference seen on the H200 was fp8 -0 vs +0 for a tiny
+    # negative input that rounds to zero (dequantised gap 0.0).
+    differ = caches[0].float() != caches[2].float()
     assert not differ.any(), (
         f"{int(differ.sum())} of {differ.numel()} bytes differ; max dequantised gap "
         f"{float((caches[0].float() - caches[2].float()).abs().max())} (in quantisation steps for int8)"
