@@ -17,6 +17,8 @@ or latent caches) are skipped: their keys are not directly readable here.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from kvpilot.engine.context import get_context
@@ -58,6 +60,7 @@ class HeadUtilizationSampler:
         self.layers = [(i, m) for i, m in enumerate(layers) if self._readable(m)]
         self.values: dict[int, list[float]] = {}
         self.samples_total = 0
+        self.seconds_total = 0.0  # wall time inside the sampling hooks (the metric's own cost)
         self._decode_steps = 0
         self._handles: list = []
 
@@ -92,12 +95,14 @@ class HeadUtilizationSampler:
             cache = module.k_cache
             if ctx.dense or ctx.decode_context_lens is None or cache.dim() != 4 or not cache.dtype.is_floating_point:
                 return
+            start = time.perf_counter()
             q = args[0][ctx.num_prefill_tokens :][:MAX_SAMPLED_SEQS]
             n = q.shape[0]
             values = head_utilization(
                 q, cache, ctx.decode_block_tables[:n], ctx.decode_context_lens[:n], module.scale
             )
-            self.values[layer] = values.tolist()
+            self.values[layer] = values.tolist()  # synchronises a CUDA device: the time below is real
+            self.seconds_total += time.perf_counter() - start
 
         return hook
 
