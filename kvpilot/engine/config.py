@@ -159,7 +159,7 @@ class EngineConfig:
     # Runtime validation (validation_runner.py) and sampled head utilisation (head_utilization.py)
     validate_every: int = 100  # decode tokens between checks of one sequence
     validation_sample_rate: float = 0.1  # share of sequences checked (by request id hash)
-    validation_layer: int = -1  # the layer whose attention is compared (negative: from the end)
+    validation_layer: int = 0  # the layer compared (negative: from the end); a check costs ~(layer+1)/L of a prefill
     validation_threshold: float = 0.92  # cosine below this moves the sequence to the exact path
     head_utilization_every: int = 64  # decode steps between gqa_head_utilization samples (0: off)
 

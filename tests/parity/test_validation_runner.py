@@ -116,7 +116,7 @@ def test_sampling_is_per_request_and_proportional():
 
 def test_int8_cache_without_a_16bit_pool_is_checked_but_stays(ckpt, caplog):
     eng = engine(ckpt, kv_cache_dtype="int8", validate_every=4, validation_sample_rate=1.0,
-                 validation_threshold=0.999999)  # fmt: skip
+                 validation_threshold=0.999999, validation_layer=-1)  # fmt: skip
     with caplog.at_level(logging.WARNING, logger="kvpilot.engine.validation"):
         generate(eng, prompt_of(40), 9)
     feed = eng.stats()["validation"]
@@ -128,7 +128,8 @@ def test_int8_cache_without_a_16bit_pool_is_checked_but_stays(ckpt, caplog):
 
 def test_auto_switched_int8_sequence_falls_back_to_the_16bit_pool(ckpt):
     eng = engine(ckpt, kv_cache_dtype="auto", kv_quant_auto_threshold=1, kv_quant_auto_hysteresis=0,
-                 validate_every=4, validation_sample_rate=1.0, validation_threshold=0.999999)  # fmt: skip
+                 validate_every=4, validation_sample_rate=1.0, validation_threshold=0.999999,
+                 validation_layer=-1)  # fmt: skip
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     eng.add_request("first", prompt_of(30), params)  # batch 0 -> 16-bit pool
     eng.step()
