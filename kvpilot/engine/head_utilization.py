@@ -71,6 +71,7 @@ class HeadUtilizationSampler:
             isinstance(cache, torch.Tensor)
             and hasattr(module, "num_kv_heads")
             and hasattr(module, "scale")
+            and getattr(module, "kv_quant", None) is None  # 8-bit / switched pools: ids beyond k_cache
             and (cache.dim() != 4 or cache.dtype.is_floating_point)
         )
 

@@ -42,6 +42,15 @@ def test_head_utilization_is_sampled_per_layer_and_kv_head(ckpt):
     assert all(0.0 < e["value"] <= 1.0 for e in feed)
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "auto"])
+def test_head_utilization_skips_8bit_caches(ckpt, kv_cache_dtype):
+    threshold = 1 if kv_cache_dtype == "auto" else None  # auto: the second sequence gets int8 blocks
+    eng = LLMEngine(EngineConfig(model=str(ckpt), device="cpu", show_progress=False, head_utilization_every=1,
+                                 kv_cache_dtype=kv_cache_dtype, kv_quant_auto_threshold=threshold))  # fmt: skip
+    run_some(eng, 4)  # with int8 blocks the keys are not floats in k_cache: no sample, and no crash
+    assert eng.stats()["gqa_head_utilization"] == []
+
+
 def test_head_utilization_off(ckpt):
     eng = LLMEngine(EngineConfig(model=str(ckpt), device="cpu", show_progress=False, head_utilization_every=0))
     run_some(eng, 6)
