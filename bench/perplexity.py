@@ -13,11 +13,14 @@ tokens). Strategies the engine refuses for this checkpoint are listed with the r
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.llm_engine import LLMEngine
@@ -74,6 +77,8 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--only", help="comma-separated label prefixes to run (default: all)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.3,
+                        help="share of the GPU one strategy's engine may take (freed before the next)")
     args = parser.parse_args()
     raw = json.loads((args.model / "config.json").read_text())
     heads_kv = int(raw.get("num_key_value_heads") or raw["num_attention_heads"])
@@ -87,7 +92,8 @@ def main() -> None:
         start = time.perf_counter()
         try:
             config = EngineConfig(model=str(args.model), device=args.device, show_progress=False,
-                                  cpu_kv_cache_bytes=256 * 2**20, **overrides)  # fmt: skip
+                                  cpu_kv_cache_bytes=256 * 2**20,
+                                  gpu_memory_utilization=args.gpu_memory_utilization, **overrides)  # fmt: skip
             engine = LLMEngine(config)
         except (ValueError, NotImplementedError, RuntimeError) as exc:
             rows.append((label, "n/a", "", f"refused: {str(exc)[:90]}"))
@@ -108,6 +114,10 @@ def main() -> None:
         notes.append(f"{time.perf_counter() - start:.0f} s")
         rows.append((label, f"{ppl:.3f}", f"{100 * (ppl / base_ppl - 1):+.2f}%", ", ".join(notes)))
         print(" | ".join(rows[-1]), flush=True)
+        del engine  # the next strategy's engine sizes its KV pool from the memory this one frees
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     n_tokens = sum(len(w) - 1 for w in windows or [])
     print(f"\n{len(windows or [])} held-out windows x {args.length} tokens ({n_tokens} scored) from {args.model}\n")
     print("| strategy | perplexity | vs native | notes |\n|---|---|---|---|")

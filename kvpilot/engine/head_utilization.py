@@ -94,7 +94,14 @@ class HeadUtilizationSampler:
         def hook(module, args, _output):
             ctx = get_context()
             cache = module.k_cache
-            if ctx.dense or ctx.decode_context_lens is None or cache.dim() != 4 or not cache.dtype.is_floating_point:
+            if (
+                ctx.dense
+                or ctx.decode_context_lens is None
+                or cache.dim() != 4
+                or not cache.dtype.is_floating_point
+                or cache.numel() == 0  # strategies that keep their cache elsewhere (8-bit, latent)
+                or getattr(module, "kv_quant", None) is not None
+            ):
                 return
             start = time.perf_counter()
             q = args[0][ctx.num_prefill_tokens :][:MAX_SAMPLED_SEQS]

@@ -12,7 +12,6 @@ from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.eviction import EvictionPolicy
 from kvpilot.engine.llm_engine import LLMEngine
 from kvpilot.engine.sampling_params import SamplingParams
-from kvpilot.engine.server.runtime import engine_max_model_len
 from tests.helpers.models import build_hf_checkpoint
 
 pytestmark = pytest.mark.parity
@@ -101,6 +100,8 @@ def test_prompt_beyond_pool_is_admitted_only_with_eviction(ckpt):
     with pytest.raises(ValueError, match="at most 191"):
         plain.add_request("long", prompt, SamplingParams(max_tokens=4))
     eng = engine(ckpt, num_kv_blocks=12, eviction="sinks", eviction_sinks=4, eviction_window=32)
+    from kvpilot.engine.server.runtime import engine_max_model_len  # fastapi: not on the GPU box
+
     assert engine_max_model_len(eng) == eng.max_model_len > len(prompt)  # what the server admits by
     assert len(generate(eng, prompt, 8)) == 8
     assert eng.block_manager.num_free_blocks == 12
