@@ -9,7 +9,9 @@ N InferenceServices (1 replica, 1 GPU each) and measures:
     and Ready under KWOK);
   - the operator's CPU time (user + system) and peak RSS (VmHWM) from /proc;
   - API requests per reconcile: the operator's own client (GET / server-side apply / status
-    PATCH) and kopf's (watches, annotation patches, events), divided by reconciles run.
+    PATCH) and kopf's (watches, annotation patches, events), divided by reconciles run;
+  - every 15 s during the run: the machine's 1-minute load average and how many nodes are not
+    Ready (KWOK falling behind on heartbeats shows up here).
 Prints one JSON line with every figure. The cluster is stopped at the end.
 """
 
@@ -100,6 +102,20 @@ def follow_phases(custom, namespace: str, phases: dict[str, str]) -> None:  # ty
             time.sleep(1)
 
 
+def sample_machine(core, samples: list[dict], stop: threading.Event, every_s: float = 15.0) -> None:  # type: ignore[no-untyped-def]
+    """Every `every_s`: the 1-minute load average and how many nodes are not Ready (KWOK keeping up?)."""
+    began = time.monotonic()
+    while not stop.wait(every_s):
+        try:
+            nodes = core.list_node().items
+            not_ready = sum(1 for n in nodes if not any(c.type == "Ready" and c.status == "True"
+                                                        for c in n.status.conditions or ()))
+        except Exception:  # a slow API server: record the load anyway
+            not_ready = -1
+        samples.append({"t_s": round(time.monotonic() - began), "load1": os.getloadavg()[0],
+                        "nodes_not_ready": not_ready})
+
+
 def proc_stats(pid: int) -> tuple[float, int]:
     """(CPU seconds user+system, peak RSS bytes) of a live process."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -172,6 +188,9 @@ def main() -> int:
 
         phases: dict[str, str] = {}
         threading.Thread(target=follow_phases, args=(custom, namespace, phases), daemon=True).start()
+        samples: list[dict] = []
+        stop_sampling = threading.Event()
+        threading.Thread(target=sample_machine, args=(core, samples, stop_sampling), daemon=True).start()
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(create, range(args.services)))
         created_s = time.monotonic() - began
@@ -184,6 +203,9 @@ def main() -> int:
                 raise RuntimeError("the operator exited; see " + log.name)
             time.sleep(0.5)
         all_ready_s = time.monotonic() - began
+        stop_sampling.set()
+        loads = [x["load1"] for x in samples] or [os.getloadavg()[0]]
+        not_ready = [x["nodes_not_ready"] for x in samples]
         time.sleep(3)
         cpu_s, rss = proc_stats(operator.pid)
         stats = json.loads(stats_path.read_text())
@@ -198,6 +220,8 @@ def main() -> int:
             "kopf_requests": stats["kopf"],
             "requests_per_reconcile": round((ours + kopf_total) / reconciles, 2),
             "operator_client_requests_per_reconcile": round(ours / reconciles, 2),
+            "load1_min_mean_max": [round(min(loads), 2), round(sum(loads) / len(loads), 2), round(max(loads), 2)],
+            "max_nodes_not_ready": max(not_ready, default=0), "samples": samples,
         }))
         return 0 if ready == args.services else 1
     finally:

@@ -41,6 +41,12 @@ ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", 
 # Every default controller runs. kube-controller-manager 1.37 has no in-tree cloud controllers
 # left to disable, and node IPAM stays off because --allocate-node-cidrs is false.
 CONTROLLERS = "*"
+# Fake nodes heartbeat through their Lease (kwok renews it every quarter of its duration) and
+# report status only every ~5 minutes, like a kubelet with node leases: at 500 nodes that is ~10
+# Lease writes/s, not ~60. A CPU-starved kwok may renew late, so the node controller waits 5
+# minutes before calling a node NotReady (its default, 50 s, let 34 of 500 nodes flap under load).
+NODE_LEASE_S = 200
+NODE_GRACE_S = 300
 
 
 class LocalCluster:
@@ -238,7 +244,7 @@ class LocalCluster:
         if name == "kwok":
             return [f"--config={STAGES_FILE}", f"--kubeconfig={kubeconfig}", "--manage-all-nodes=false",
                     f"--manage-nodes-with-annotation-selector={fake_nodes.KWOK_ANNOTATION}={fake_nodes.KWOK_ANNOTATION_VALUE}",
-                    f"--cidr={POD_CIDR}", "--node-ip=127.0.0.1", "--node-lease-duration-seconds=40",
+                    f"--cidr={POD_CIDR}", "--node-ip=127.0.0.1", f"--node-lease-duration-seconds={NODE_LEASE_S}",
                     f"--server-address=127.0.0.1:{self.ports['kwok']}"]
         common = [f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
                   f"--authorization-kubeconfig={kubeconfig}", "--bind-address=127.0.0.1",
@@ -249,5 +255,5 @@ class LocalCluster:
         return [*common, f"--service-account-private-key-file={keys.sa_key}", f"--root-ca-file={keys.ca_cert}",
                 f"--cluster-signing-cert-file={keys.ca_cert}", f"--cluster-signing-key-file={keys.ca_key}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}", "--use-service-account-credentials=false",
-                f"--controllers={CONTROLLERS}"]
+                f"--controllers={CONTROLLERS}", f"--node-monitor-grace-period={NODE_GRACE_S}s"]
 
