@@ -11,7 +11,9 @@ N InferenceServices (1 replica, 1 GPU each) and measures:
   - API requests per reconcile: the operator's own client (GET / server-side apply / status
     PATCH) and kopf's (watches, annotation patches, events), divided by reconciles run;
   - every 15 s during the run: the machine's 1-minute load average and how many nodes are not
-    Ready (KWOK falling behind on heartbeats shows up here).
+    Ready (KWOK falling behind on heartbeats shows up here); `--hold S` keeps watching S seconds
+    after all are Ready (longer than the nodes' 4-6 minute status heartbeat and the 5-minute node
+    grace period, to see that nodes and services stay Ready).
 Prints one JSON line with every figure. The cluster is stopped at the end.
 """
 
@@ -141,6 +143,8 @@ def main() -> int:
     parser.add_argument("--services", type=int, default=1000)
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--hold", type=float, default=0,
+                        help="after all are Ready, keep watching this many seconds (nodes and services stay Ready?)")
     parser.add_argument("--service-cidr", default="10.96.0.0/16", help="kube-apiserver --service-cluster-ip-range")
     parser.add_argument("--as-operator", nargs=2, metavar=("NAMESPACE", "STATS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -203,6 +207,10 @@ def main() -> int:
                 raise RuntimeError("the operator exited; see " + log.name)
             time.sleep(0.5)
         all_ready_s = time.monotonic() - began
+        held_until = time.monotonic() + (args.hold if ready == args.services else 0)
+        while time.monotonic() < held_until and operator.poll() is None:
+            time.sleep(1)
+        ready_after_hold = sum(1 for phase in list(phases.values()) if phase == "Ready")
         stop_sampling.set()
         loads = [x["load1"] for x in samples] or [os.getloadavg()[0]]
         not_ready = [x["nodes_not_ready"] for x in samples]
@@ -221,7 +229,8 @@ def main() -> int:
             "requests_per_reconcile": round((ours + kopf_total) / reconciles, 2),
             "operator_client_requests_per_reconcile": round(ours / reconciles, 2),
             "load1_min_mean_max": [round(min(loads), 2), round(sum(loads) / len(loads), 2), round(max(loads), 2)],
-            "max_nodes_not_ready": max(not_ready, default=0), "samples": samples,
+            "max_nodes_not_ready": max(not_ready, default=0), "hold_s": args.hold,
+            "ready_after_hold": ready_after_hold, "samples": samples,
         }))
         return 0 if ready == args.services else 1
     finally:
