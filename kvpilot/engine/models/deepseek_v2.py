@@ -19,7 +19,7 @@ from torch import nn
 from kvpilot.engine.config import ModelConfig
 from kvpilot.engine.mla_attention import LatentAttention
 from kvpilot.engine.mla_config import DeepseekFields
-from kvpilot.engine.models.layers import RMSNorm, SiluAndMulMLP
+from kvpilot.engine.models.layers import DecoderStack, RMSNorm, SiluAndMulMLP
 from kvpilot.engine.models.moe import DeepseekMoE
 
 LORA_NORM_EPS = 1e-6  # HF builds q_a_layernorm / kv_a_layernorm with the RMSNorm default, not rms_norm_eps
@@ -192,20 +192,6 @@ class DeepseekDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class DeepseekModel(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DeepseekDecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
-        for layer in self.layers:
-            x = layer(positions, x)
-        return self.norm(x)
-
-
 class DeepseekV2ForCausalLM(nn.Module):
     """Packed-token causal LM over an MLA latent cache (also DeepSeek-V3: routing from the config)."""
 
@@ -215,7 +201,12 @@ class DeepseekV2ForCausalLM(nn.Module):
             raise ValueError(f"model family {config.family!r} has no DeepSeek MLA fields (kv_lora_rank, ...)")
         self.config = config
         self.latent_cache_width = config.deepseek.latent_width
-        self.model = DeepseekModel(config)
+        self.model = DecoderStack(
+            config.vocab_size,
+            config.hidden_size,
+            config.rms_norm_eps,
+            (DeepseekDecoderLayer(config, i) for i in range(config.num_hidden_layers)),
+        )
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
 

@@ -1,8 +1,9 @@
-"""Layers shared by the decoder families: RMSNorm, rotary embedding, SiLU-and-mul MLP."""
+"""Layers shared by the decoder families: RMSNorm, rotary embedding, SiLU-and-mul MLP, the decoder stack."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -75,3 +76,22 @@ class SiluAndMulMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderStack(nn.Module):
+    """embed_tokens -> decoder layers -> final norm: the `model.*` part of every family (HF names).
+
+    Each layer is called as `layer(positions, x)`.
+    """
+
+    def __init__(self, vocab_size: int, hidden_size: int, eps: float, layers: Iterable[nn.Module]) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(vocab_size, hidden_size)
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(hidden_size, eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(positions, x)
+        return self.norm(x)

@@ -7,7 +7,7 @@ from torch import nn
 
 from kvpilot.engine.attention import Attention
 from kvpilot.engine.config import ModelConfig
-from kvpilot.engine.models.layers import RMSNorm, RotaryEmbedding, SiluAndMulMLP
+from kvpilot.engine.models.layers import DecoderStack, RMSNorm, RotaryEmbedding, SiluAndMulMLP
 
 
 class LlamaAttention(nn.Module):
@@ -49,22 +49,6 @@ class LlamaDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, qkv_bias: bool) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, qkv_bias) for _ in range(config.num_hidden_layers)
-        )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
-        for layer in self.layers:
-            x = layer(positions, x)
-        return self.norm(x)
-
-
 class LlamaForCausalLM(nn.Module):
     """Packed-token causal LM: forward gives hidden states, compute_logits the vocabulary scores."""
 
@@ -73,7 +57,13 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, qkv_bias=self.qkv_bias or config.attention_bias)
+        qkv_bias = self.qkv_bias or config.attention_bias
+        self.model = DecoderStack(
+            config.vocab_size,
+            config.hidden_size,
+            config.rms_norm_eps,
+            (LlamaDecoderLayer(config, qkv_bias) for _ in range(config.num_hidden_layers)),
+        )
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
 

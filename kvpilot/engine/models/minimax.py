@@ -20,7 +20,7 @@ from kvpilot.engine.context import get_context
 from kvpilot.engine.hybrid_config import LINEAR
 from kvpilot.engine.kernels.lightning_attn.ops import lightning_decode, lightning_prefill
 from kvpilot.engine.kernels.lightning_attn.reference import minimax_slopes
-from kvpilot.engine.models.layers import RMSNorm
+from kvpilot.engine.models.layers import DecoderStack, RMSNorm
 from kvpilot.engine.models.llama import LlamaAttention
 
 LIGHTNING_NORM_EPS = 1e-6  # HF's MiniMaxRMSNorm default, not config.rms_norm_eps
@@ -148,20 +148,6 @@ class MiniMaxDecoderLayer(nn.Module):
         return h * self.mlp_alpha + self.block_sparse_moe(h) * self.mlp_beta
 
 
-class MiniMaxModel(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(MiniMaxDecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
-        for layer in self.layers:
-            x = layer(positions, x)
-        return self.norm(x)
-
-
 class MiniMaxForCausalLM(nn.Module):
     """Packed-token hybrid causal LM; same interface as LlamaForCausalLM plus linear_layers()."""
 
@@ -172,7 +158,12 @@ class MiniMaxForCausalLM(nn.Module):
                 "MiniMaxForCausalLM needs the hybrid fields of config.json (layer_types, experts)"
             )
         self.config = config
-        self.model = MiniMaxModel(config)
+        self.model = DecoderStack(
+            config.vocab_size,
+            config.hidden_size,
+            config.rms_norm_eps,
+            (MiniMaxDecoderLayer(config, i) for i in range(config.num_hidden_layers)),
+        )
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
 
