@@ -9,31 +9,16 @@ attention, eviction skips it), after which it attends to its whole context.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import torch
 
 from kvpilot.engine.performer_attention import PerformerAttention
 from kvpilot.engine.sequence import Sequence
-from kvpilot.engine.validation_runner import EvictionCheck, requeue_for_recompute
+from kvpilot.engine.validation_runner import EvictionCheck, forcing_exact, requeue_for_recompute
 
 if TYPE_CHECKING:
     from kvpilot.engine.llm_engine import LLMEngine
-
-
-@contextmanager
-def exact_softmax(model: torch.nn.Module) -> Iterator[None]:
-    """Within the block, dense passes of the converted layers are exact softmax attention."""
-    layers = [m for m in model.modules() if isinstance(m, PerformerAttention)]
-    for layer in layers:
-        layer.force_exact = True
-    try:
-        yield
-    finally:
-        for layer in layers:
-            layer.force_exact = False
 
 
 class PerformerCheck(EvictionCheck):
@@ -46,7 +31,7 @@ class PerformerCheck(EvictionCheck):
         return not seq.exact_path
 
     def exact_attention(self, seq: Sequence, layer: int, num_tokens: int) -> torch.Tensor:
-        with exact_softmax(self.engine.runner.model):
+        with forcing_exact(self.engine.runner.model, PerformerAttention):
             return super().exact_attention(seq, layer, num_tokens)
 
     def can_fall_back(self, seq: Sequence) -> bool:

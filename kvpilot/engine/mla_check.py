@@ -9,31 +9,16 @@ higher latent_rank or --disable-mla, both deployment settings).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import torch
 
 from kvpilot.engine.models.mla_converted import ConvertedMlaAttention
 from kvpilot.engine.sequence import Sequence
-from kvpilot.engine.validation_runner import DenseRecompute
+from kvpilot.engine.validation_runner import DenseRecompute, forcing_exact
 
 if TYPE_CHECKING:
     from kvpilot.engine.llm_engine import LLMEngine
-
-
-@contextmanager
-def exact_kv(model: torch.nn.Module) -> Iterator[None]:
-    """Within the block, dense passes of the converted layers use the original K/V projections."""
-    layers = [m for m in model.modules() if isinstance(m, ConvertedMlaAttention)]
-    for layer in layers:
-        layer.force_exact = True
-    try:
-        yield
-    finally:
-        for layer in layers:
-            layer.force_exact = False
 
 
 class MlaConversionCheck(DenseRecompute):
@@ -45,7 +30,7 @@ class MlaConversionCheck(DenseRecompute):
         return True
 
     def exact_attention(self, seq: Sequence, layer: int, num_tokens: int) -> torch.Tensor:
-        with exact_kv(self.engine.runner.model):
+        with forcing_exact(self.engine.runner.model, ConvertedMlaAttention):
             return super().exact_attention(seq, layer, num_tokens)
 
     def can_fall_back(self, seq: Sequence) -> bool:

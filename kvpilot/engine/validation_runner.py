@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import logging
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -54,6 +56,19 @@ class ApproximationCheck(Protocol):
 
     def fall_back(self, seq: Sequence) -> None:
         """Move seq to the exact path: it must set seq.exact_path and leave the engine consistent."""
+
+
+@contextmanager
+def forcing_exact(model: torch.nn.Module, layer_type: type) -> Iterator[None]:
+    """Within the block, every `layer_type` module of `model` runs its exact path (`force_exact`)."""
+    layers = [m for m in model.modules() if isinstance(m, layer_type)]
+    for layer in layers:
+        layer.force_exact = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.force_exact = False
 
 
 class _Captured(Exception):
