@@ -1,9 +1,16 @@
-"""Load HF safetensors weights into a model: verify SHA256 digests, then copy with a progress bar."""
+"""Load HF safetensors weights into a model: verify SHA256 digests, then copy with a progress bar.
+
+A checkpoint tensor with no parameter in the model is an error, unless the model names a reason to
+skip it (`model.checkpoint_skip_reason(name)`, e.g. DeepSeek-V3's multi-token-prediction layers);
+skipped tensors are counted and logged once per reason, never read.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,6 +29,8 @@ IGNORED_SUFFIXES = (
     "self_attn.key_decay",
     "self_attn.diagonal_decay",
 )
+DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2}
+log = logging.getLogger("kvpilot.engine.loader")
 
 
 class WeightIntegrityError(ValueError):
@@ -84,6 +93,9 @@ def load_weights(
     if sha256:
         verify_sha256(model_dir, sha256)
     params = dict(model.named_parameters(remove_duplicate=False))
+    skip_reason: Callable[[str], str | None] = getattr(model, "checkpoint_skip_reason", lambda _: None)
+    skipped_tensors: Counter[str] = Counter()
+    skipped_bytes: Counter[str] = Counter()
     loaded: set[str] = set()
     total = 0
     files = weight_files(model_dir)
@@ -94,9 +106,16 @@ def load_weights(
                     if name.endswith(IGNORED_SUFFIXES):
                         continue
                     if name not in params:
-                        raise ValueError(
-                            f"{path.name}: tensor {name!r} has no matching parameter in the model"
-                        )
+                        reason = skip_reason(name)
+                        if reason is None:
+                            raise ValueError(
+                                f"{path.name}: tensor {name!r} has no matching parameter in the "
+                                f"{type(model).__name__} built from {model_dir}/config.json; a checkpoint "
+                                "may hold only the model's parameters (check config.json matches the weights)"
+                            )
+                        skipped_tensors[reason] += 1
+                        skipped_bytes[reason] += stored_bytes(f.get_slice(name))
+                        continue
                     tensor = f.get_tensor(name)
                     if transform is not None:
                         tensor = transform(name, tensor)
@@ -111,6 +130,15 @@ def load_weights(
                     loaded.add(name)
                     total += tensor.numel() * tensor.element_size()
                     bar.update(1)
+    for reason, count in skipped_tensors.items():
+        log.info(
+            "skipped %d checkpoint tensors (%d bytes, %.1f MiB) of %s: %s",
+            count,
+            skipped_bytes[reason],
+            skipped_bytes[reason] / 2**20,
+            model_dir,
+            reason,
+        )
     tied = {n for n, p in params.items() if any(p is params[m] for m in loaded)}
     missing = sorted(set(params) - loaded - tied)
     if missing:
@@ -118,3 +146,11 @@ def load_weights(
             f"checkpoint in {model_dir} lacks parameters {missing[:5]}{'...' if len(missing) > 5 else ''}"
         )
     return total
+
+
+def stored_bytes(tensor_slice) -> int:
+    """Bytes of a safetensors tensor from its header (shape, dtype), without reading it."""
+    numel = 1
+    for dim in tensor_slice.get_shape():
+        numel *= dim
+    return numel * DTYPE_BYTES.get(tensor_slice.get_dtype(), 1)

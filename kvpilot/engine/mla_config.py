@@ -37,6 +37,9 @@ class DeepseekFields:
     n_group: int | None
     topk_group: int | None
     norm_topk_prob: bool
+    # DeepSeek-V3's multi-token-prediction modules, stored as layers num_hidden_layers.. in the
+    # checkpoint; kvpilot decodes one token a step and does not load them (loader skips them).
+    num_nextn_predict_layers: int = 0
 
     @property
     def latent_width(self) -> int:
@@ -75,6 +78,7 @@ def deepseek_fields(family: str, raw: dict[str, Any], source: str = "config") ->
         n_group=None if raw.get("n_group") is None else int(raw["n_group"]),
         topk_group=None if raw.get("topk_group") is None else int(raw["topk_group"]),
         norm_topk_prob=bool(raw.get("norm_topk_prob", v3)) if v3 else False,
+        num_nextn_predict_layers=int(raw.get("num_nextn_predict_layers") or raw.get("num_mtp_layers") or 0),
     )
     has_moe = fields.first_k_dense_replace < int(raw.get("num_hidden_layers", 0))
     if has_moe and (

@@ -12,6 +12,7 @@ modeling_deepseek_v2.py / modeling_deepseek_v3.py (5.x).
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 from torch import nn
@@ -23,6 +24,7 @@ from kvpilot.engine.models.layers import DecoderStack, RMSNorm, SiluAndMulMLP
 from kvpilot.engine.models.moe import DeepseekMoE
 
 LORA_NORM_EPS = 1e-6  # HF builds q_a_layernorm / kv_a_layernorm with the RMSNorm default, not rms_norm_eps
+LAYER_PREFIX = re.compile(r"model\.layers\.(\d+)\.")
 
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -214,6 +216,12 @@ class DeepseekV2ForCausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    def checkpoint_skip_reason(self, name: str) -> str | None:
+        """Why the loader may skip a checkpoint tensor with no parameter here: only V3's MTP layers."""
+        return mtp_skip_reason(
+            name, self.config.num_hidden_layers, self.config.deepseek.num_nextn_predict_layers
+        )
+
     def restore_buffers(self, device: torch.device) -> None:
         """Recompute the RoPE frequencies after the meta-device build (buffers are not in checkpoints)."""
         for layer in self.model.layers:
@@ -231,3 +239,22 @@ class DeepseekV2ForCausalLM(nn.Module):
 
     def attention_layers(self) -> list[LatentAttention]:
         return [layer.self_attn.attn for layer in self.model.layers]
+
+
+def mtp_skip_reason(name: str, num_hidden_layers: int, num_nextn: int) -> str | None:
+    """The reason to skip `name` when it belongs to a multi-token-prediction layer, else None.
+
+    DeepSeek-V3 stores its MTP modules as `model.layers.{num_hidden_layers + i}.*` for
+    i < num_nextn_predict_layers; they draft extra tokens for speculative decoding, which kvpilot
+    does not do, so their weights are not needed to generate.
+    """
+    match = LAYER_PREFIX.match(name)
+    if num_nextn <= 0 or match is None:
+        return None
+    if not num_hidden_layers <= int(match.group(1)) < num_hidden_layers + num_nextn:
+        return None
+    last = num_hidden_layers + num_nextn - 1
+    return (
+        f"multi-token-prediction layer(s) {num_hidden_layers}..{last} (num_nextn_predict_layers={num_nextn}) "
+        "are not used: kvpilot decodes one token per step"
+    )
