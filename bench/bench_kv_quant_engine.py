@@ -1,13 +1,19 @@
 """The engine's decode throughput and KV capacity with a bf16 vs int8 vs fp8 vs auto-switched KV cache.
 
     PYTHONPATH=. python3 bench/bench_kv_quant_engine.py [--layers 4] [--batch 64] [--context 4096] \
-        [--caches bf16,int8,fp8,auto] [--gqa-groups 0] [--json PATH]
+        [--caches bf16,int8,fp8,auto] [--gqa-groups 0] [--warmup-tokens 4] [--skip-steps 2] [--json PATH]
 
 Llama-3-8B shapes (hidden 4096, 32 query / 8 KV heads of 128, intermediate 14336, vocab 128256),
 random bf16 weights, `--layers` of the 32 layers (the KV read per layer is what changes; fewer layers
 keep the checkpoint small). Per cache: KV blocks in the pool at gpu_memory_utilization 0.9, bytes per
 block, the 8k-token requests that fit, then `--batch` requests of `--context` random prompt tokens
 decoding `--new-tokens` tokens each; decode tokens/s counts only steps with no prefill in them.
+
+Each engine first serves an unmeasured batch of the same shape (`--warmup-tokens` tokens each), so
+Triton compiles and lazy CUDA module loads fall outside the measurement, and the first `--skip-steps`
+decode steps of the measured batch are left out too. `decode_tokens_per_s` is the batch's tokens
+over the MEDIAN decode step (`decode_tokens_per_s_mean` over the mean); per step, the GPU span of
+the model forward (CUDA events) and host = step - that span are reported as medians.
 CUDA only (the device machine).
 """
 
@@ -17,6 +23,7 @@ import argparse
 import gc
 import json
 import random
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -52,6 +59,56 @@ def build_checkpoint(out: Path, layers: int) -> Path:
     return out
 
 
+def add_batch(engine: LLMEngine, args: argparse.Namespace, rng: random.Random, tag: str, new_tokens: int) -> None:
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    for i in range(args.batch):
+        prompt = [rng.randrange(3, engine.model_config.vocab_size) for _ in range(args.context)]
+        engine.add_request(f"{tag}{i}", prompt, params)
+
+
+class ForwardSpan:
+    """CUDA events around each model forward: the GPU time from its first kernel to its last (no sync)."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        forward = engine.runner.model.forward
+
+        def timed(*args, **kwargs):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                end.record()
+                self.events.append((start, end))
+
+        engine.runner.model.forward = timed
+
+    def take_ms(self) -> float:
+        """Milliseconds of the forwards since the last call (call after a synchronise)."""
+        ms = sum(start.elapsed_time(end) for start, end in self.events)
+        self.events = []
+        return ms
+
+
+def run_batch(engine: LLMEngine, span: ForwardSpan) -> list[dict]:
+    """Step until every request is done; one record per decode step (steps with no prefill in them)."""
+    steps = []
+    while engine.has_unfinished_requests():
+        prefilling = any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running) or bool(
+            engine.scheduler.waiting)
+        torch.cuda.synchronize()
+        span.take_ms()
+        start = time.perf_counter()
+        outs = engine.step()
+        torch.cuda.synchronize()
+        ms = (time.perf_counter() - start) * 1e3
+        forward_ms = span.take_ms()
+        if not prefilling:
+            steps.append({"ms": ms, "forward_ms": forward_ms, "tokens": sum(len(o.new_token_ids) for o in outs)})
+    return steps
+
+
 def run_cache(path: Path, name: str, args: argparse.Namespace) -> dict:
     extra = dict(CACHES[name])
     if args.gqa_groups:
@@ -61,30 +118,36 @@ def run_cache(path: Path, name: str, args: argparse.Namespace) -> dict:
         max_num_batched_tokens=8192, enable_prefix_caching=False, **extra,
     ))
     kv = engine.stats()["kv"]
+    span = ForwardSpan(engine)
     rng = random.Random(0)
-    for i in range(args.batch):
-        prompt = [rng.randrange(3, engine.model_config.vocab_size) for _ in range(args.context)]
-        engine.add_request(str(i), prompt, SamplingParams(max_tokens=args.new_tokens, temperature=0.0, ignore_eos=True))
-    decode_tokens, decode_time, preempted = 0, 0.0, 0
-    while engine.has_unfinished_requests():
-        prefilling = any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running) or bool(
-            engine.scheduler.waiting)
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        outs = engine.step()
-        torch.cuda.synchronize()
-        if not prefilling:
-            decode_time += time.perf_counter() - start
-            decode_tokens += sum(len(o.new_token_ids) for o in outs)
+    warmup_steps: list[dict] = []
+    if args.warmup_tokens:  # same batch and context: compiles every kernel variant the measured run uses
+        add_batch(engine, args, rng, "warmup-", args.warmup_tokens)
+        warmup_steps = run_batch(engine, span)
+        engine.reset_stats()
+    add_batch(engine, args, rng, "", args.new_tokens)
+    steps = run_batch(engine, span)
     stats = engine.stats()
-    preempted = stats["requests"]["preemptions_total"]
+    measured = steps[args.skip_steps :] or steps
+    step_ms = [s["ms"] for s in measured]
+    host_ms = [s["ms"] - s["forward_ms"] for s in measured]
+    rates = [s["tokens"] / (s["ms"] / 1e3) for s in measured]
+    decode_tokens, decode_s = sum(s["tokens"] for s in measured), sum(step_ms) / 1e3
     result = {
         "cache": name, "gqa_groups": args.gqa_groups or None, "layers": args.layers,
         "kv_blocks": kv["blocks_total"], "bytes_per_block": kv["bytes_per_block"],
         "kv_pool_bytes": stats["memory_bytes"]["kv_pool"],
         "max_8k_requests": kv["blocks_total"] * kv["block_size"] // 8192,
-        "batch": args.batch, "context": args.context, "decode_tokens_per_s": decode_tokens / max(decode_time, 1e-9),
-        "preemptions": preempted, "strategy_dtype": stats["engine"]["kv_cache_dtype"],
+        "batch": args.batch, "context": args.context,
+        "decode_tokens_per_s": statistics.median(rates),  # from the median step (was the mean over all steps)
+        "decode_tokens_per_s_mean": decode_tokens / max(decode_s, 1e-9),
+        "decode_step_ms_median": statistics.median(step_ms), "decode_step_ms_mean": statistics.fmean(step_ms),
+        "decode_forward_gpu_ms_median": statistics.median(s["forward_ms"] for s in measured),
+        "decode_host_ms_median": statistics.median(host_ms),
+        "decode_steps_measured": len(measured), "decode_steps_skipped": len(steps) - len(measured),
+        "first_decode_step_ms": steps[0]["ms"] if steps else None,
+        "warmup_first_decode_step_ms": warmup_steps[0]["ms"] if warmup_steps else None,
+        "preemptions": stats["requests"]["preemptions_total"], "strategy_dtype": stats["engine"]["kv_cache_dtype"],
     }
     del engine
     gc.collect()
@@ -100,6 +163,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--caches", default="bf16,int8,fp8,auto")
     parser.add_argument("--gqa-groups", type=int, default=0)
+    parser.add_argument("--warmup-tokens", type=int, default=4,
+                        help="tokens per request of an unmeasured batch of the same shape first (0: none)")
+    parser.add_argument("--skip-steps", type=int, default=2, help="first decode steps of the measured batch left out")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -111,11 +177,14 @@ def main() -> None:
             results.append(run_cache(path, name, args))
             print(json.dumps(results[-1]), flush=True)
     base = results[0]["decode_tokens_per_s"]
-    print("| cache | bytes/block | KV blocks | 8k requests | decode tok/s | vs first |")
-    print("|---|---|---|---|---|---|")
+    print("| cache | bytes/block | KV blocks | 8k requests | decode tok/s (median step) | vs first | "
+          "step ms median / mean | GPU forward ms | host ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['cache']} | {r['bytes_per_block']} | {r['kv_blocks']} | {r['max_8k_requests']} | "
-              f"{r['decode_tokens_per_s']:.0f} | {r['decode_tokens_per_s'] / base:.2f}x |")
+              f"{r['decode_tokens_per_s']:.0f} | {r['decode_tokens_per_s'] / base:.2f}x | "
+              f"{r['decode_step_ms_median']:.2f} / {r['decode_step_ms_mean']:.2f} | "
+              f"{r['decode_forward_gpu_ms_median']:.2f} | {r['decode_host_ms_median']:.2f} |")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

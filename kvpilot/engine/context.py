@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -51,3 +52,51 @@ def set_context(context: Context) -> None:
 
 def reset_context() -> None:
     set_context(Context())
+
+
+class BlockTableRows:
+    """Host mirror of the sequences' block tables: one -1 padded int32 row per request, kept by appends.
+
+    Rebuilding [batch, blocks] tables from Python lists every step costs O(total blocks); here a
+    decode step writes only the blocks a sequence gained since the last step. `Sequence.block_table`
+    is append-only: code that drops or reorders entries assigns a new list (eviction, deallocate),
+    which this mirror detects by identity and rewrites the row.
+    """
+
+    def __init__(self, rows: int = 8, width: int = 64) -> None:
+        self.table = np.full((rows, width), -1, dtype=np.int32)
+        self._entries: dict[str, list[Any]] = {}  # request id -> [row, the mirrored list, entries written]
+        self._free = list(range(rows - 1, -1, -1))
+
+    def row(self, request_id: str, block_table: list[int]) -> int:
+        """The request's row, updated to block_table."""
+        entry = self._entries.get(request_id)
+        if entry is None:
+            if not self._free:
+                self._grow(rows=2 * self.table.shape[0])
+            entry = self._entries[request_id] = [self._free.pop(), None, 0]
+        row, mirrored, written = entry
+        n = len(block_table)
+        if mirrored is not block_table or n < written:  # a new list: rewrite the row
+            if n < written:
+                self.table[row, n:written] = -1
+            written = 0
+        if n > written:
+            if n > self.table.shape[1]:
+                self._grow(width=max(n, 2 * self.table.shape[1]))
+            self.table[row, written:n] = block_table[written:n]
+        entry[1], entry[2] = block_table, n
+        return row
+
+    def release(self, request_id: str) -> None:
+        entry = self._entries.pop(request_id, None)
+        if entry is not None:
+            self.table[entry[0], : entry[2]] = -1
+            self._free.append(entry[0])
+
+    def _grow(self, rows: int | None = None, width: int | None = None) -> None:
+        old = self.table
+        rows, width = rows or old.shape[0], width or old.shape[1]
+        self.table = np.full((rows, -(-width // 64) * 64), -1, dtype=np.int32)
+        self.table[: old.shape[0], : old.shape[1]] = old
+        self._free = list(range(rows - 1, old.shape[0] - 1, -1)) + self._free

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 
 from kvpilot.engine.config import EngineConfig, ModelConfig
-from kvpilot.engine.context import Context, reset_context, set_context
+from kvpilot.engine.context import BlockTableRows, Context, reset_context, set_context
 from kvpilot.engine.gqa_load import gqa_transform
 from kvpilot.engine.kv_quant_cache import allocate_quantised_kv_cache, kv_layout_for
 from kvpilot.engine.kv_strategy import served_model_config
@@ -24,6 +27,8 @@ from kvpilot.engine.models import build_model
 from kvpilot.engine.sampler import sample
 from kvpilot.engine.scheduler import SchedulerOutput
 from kvpilot.engine.sequence import Sequence
+
+_TORCH_INT = {np.int32: torch.int32, np.int64: torch.int64}
 
 
 class ModelRunner:
@@ -51,6 +56,11 @@ class ModelRunner:
         self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.generators: dict[str, torch.Generator] = {}
         self.last_sample_rows: list[tuple[int, int]] = []
+        self.block_rows = BlockTableRows(rows=config.max_num_seqs)  # host mirror of the block tables
+        self._staging: dict[type, torch.Tensor] = {}  # pinned host buffers of the step's inputs (CUDA)
+        self._copy_event: torch.cuda.Event | None = None
+        self._sample_index: torch.Tensor | None = None
+        self._estimated = (0, 0)  # (tokens, logit rows) of the largest CPU activation estimate so far
         self.activation_peak_bytes = 0
         self._baseline_allocated = torch.cuda.memory_allocated(self.device) if self.is_cuda else 0
         self.num_kv_blocks = self._size_kv_pool()
@@ -144,8 +154,8 @@ class ModelRunner:
             reset_context()
         sampled: list[int | None] = [None] * len(out.scheduled)
         if sample_rows:
-            rows = torch.tensor([r for _, r in sample_rows], device=self.device)
-            logits = self.model.compute_logits(hidden[rows]).float()
+            last = hidden if self._sample_index is None else hidden[self._sample_index]
+            logits = self.model.compute_logits(last).float()
             seqs = [out.scheduled[i].seq for i, _ in sample_rows]
             tokens = self._sample(logits, seqs).tolist()
             for (i, _), token in zip(sample_rows, tokens, strict=True):
@@ -157,53 +167,106 @@ class ModelRunner:
         self, out: SchedulerOutput
     ) -> tuple[Context, torch.Tensor, torch.Tensor, list[tuple[int, int]]]:
         """Pack prefill chunks first, then single-token decodes; return (context, ids, positions,
-        [(scheduled index, packed row of its last token) for chunks that sample])."""
-        bs = self.block_size
-        order = [i for i, s in enumerate(out.scheduled) if s.num_new_tokens > 1]
-        order += [i for i, s in enumerate(out.scheduled) if s.num_new_tokens == 1]
+        [(scheduled index, packed row of its last token) for chunks that sample]).
+
+        Host work is O(tokens + sequences), not O(blocks): block tables come from the incremental
+        mirror in `self.block_rows`, slots and lengths are computed with numpy, and the step's
+        int32 metadata and int64 ids / positions reach the device in one copy each.
+        """
+        bs, items = self.block_size, out.scheduled
+        order = [i for i, s in enumerate(items) if s.num_new_tokens > 1]
+        num_prefill = len(order)
+        order += [i for i, s in enumerate(items) if s.num_new_tokens == 1]
+        seqs = [items[i].seq for i in order]
+        rows = np.array([self.block_rows.row(s.request_id, s.block_table) for s in seqs], dtype=np.int64)
+        table = self.block_rows.table  # after every row(): a row may have grown the table
+        starts = np.array([s.num_computed_tokens for s in seqs], dtype=np.int64)
+        resident = starts - np.array([s.num_evicted_tokens for s in seqs], dtype=np.int64)  # eviction.py
+        counts = np.array([items[i].num_new_tokens for i in order], dtype=np.int64)
         input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        sample_rows: list[tuple[int, int]] = []
-        for i in order:
-            item = out.scheduled[i]
-            seq, start = item.seq, item.seq.num_computed_tokens
-            end = start + item.num_new_tokens
-            input_ids += seq.token_ids[start:end]
-            positions += range(start, end)
-            ev = seq.num_evicted_tokens  # eviction.py: the table holds the resident view only
-            slots += [seq.block_table[(p - ev) // bs] * bs + (p - ev) % bs for p in range(start, end)]
-            if item.samples:
-                sample_rows.append((i, len(input_ids) - 1))
-        prefill = [out.scheduled[i] for i in order if out.scheduled[i].num_new_tokens > 1]
-        decode = [out.scheduled[i] for i in order if out.scheduled[i].num_new_tokens == 1]
-        ctx = Context(
-            slot_mapping=self._int32(slots), num_prefill_tokens=sum(s.num_new_tokens for s in prefill)
-        )
-        if prefill:
-            cu = [0]
-            for s in prefill:
-                cu.append(cu[-1] + s.num_new_tokens)
-            ctx.block_tables = self._block_tables(prefill)
-            ctx.cu_seqlens_q = self._int32(cu)
-            ctx.context_lens = self._int32(
-                [s.seq.num_computed_tokens - s.seq.num_evicted_tokens + s.num_new_tokens for s in prefill]
-            )
-        if decode:
-            ctx.decode_block_tables = self._block_tables(decode)
-            ctx.decode_context_lens = self._int32(
-                [s.seq.num_computed_tokens - s.seq.num_evicted_tokens + 1 for s in decode]
-            )
-        ids = torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=True)
-        pos = torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True)
+        for seq, start, n in zip(seqs, starts.tolist(), counts.tolist(), strict=True):
+            input_ids += seq.token_ids[start : start + n]
+        ends = np.cumsum(counts)
+        sample_rows = [(i, int(end) - 1) for i, end in zip(order, ends.tolist(), strict=True) if items[i].samples]
+        num_tokens = int(ends[-1])
+        if num_prefill:  # chunk tokens: per token, with numpy (decodes below are one token each)
+            offset = np.arange(int(ends[num_prefill - 1])) - np.repeat(ends[:num_prefill] - counts[:num_prefill],
+                                                                      counts[:num_prefill])
+            tok_seq = np.repeat(np.arange(num_prefill), counts[:num_prefill])
+            positions = np.concatenate([starts[tok_seq] + offset, starts[num_prefill:]])
+            token_rows = np.concatenate([rows[tok_seq], rows[num_prefill:]])
+            rel = np.concatenate([resident[tok_seq] + offset, resident[num_prefill:]])
+        else:
+            positions, token_rows, rel = starts, rows, resident
+        slots = table[token_rows, rel // bs] * bs + rel % bs
+        if slots.min() < 0:
+            raise RuntimeError(f"a scheduled token has no KV block (block tables {[s.block_table for s in seqs]})")
+        lens = resident + counts  # resident context after this step, per sequence
+        int32_parts: list[np.ndarray] = [slots]
+        shapes: list[tuple[int, ...]] = [(num_tokens,)]
+        for group, is_prefill in ((slice(0, num_prefill), True), (slice(num_prefill, len(order)), False)):
+            if group.start == group.stop:
+                continue
+            width = max(len(s.block_table) for s in seqs[group])
+            width = -(-width // 16) * 16  # a width divisible by 16: one Triton specialisation of the row stride
+            parts = [lens[group], table[rows[group], :width].ravel()]
+            part_shapes = [(group.stop - group.start,), (group.stop - group.start, width)]
+            if is_prefill:  # prefill chunks also need their query offsets
+                parts.append(np.concatenate([[0], ends[:num_prefill]]))
+                part_shapes.append((num_prefill + 1,))
+            int32_parts += parts
+            shapes += part_shapes
+        int64_parts = [np.array(input_ids, dtype=np.int64), positions]
+        self._sample_index = None  # decode-only steps sample every row in order: no gather needed
+        if sample_rows and len(sample_rows) < num_tokens:
+            int64_parts.append(np.array([r for _, r in sample_rows], dtype=np.int64))
+        self._wait_for_copies()
+        meta = self._split(self._to_device(int32_parts, np.int32), shapes)
+        packed64 = self._to_device(int64_parts, np.int64)
+        self._record_copies()
+        ids, pos = packed64[:num_tokens], packed64[num_tokens : 2 * num_tokens]
+        if len(int64_parts) == 3:
+            self._sample_index = packed64[2 * num_tokens :]
+        ctx = Context(slot_mapping=meta.pop(0), num_prefill_tokens=int(ends[num_prefill - 1]) if num_prefill else 0)
+        if num_prefill:
+            ctx.context_lens, ctx.block_tables, ctx.cu_seqlens_q = meta[:3]
+            meta = meta[3:]
+        if num_prefill < len(order):
+            ctx.decode_context_lens, ctx.decode_block_tables = meta
         return ctx, ids, pos, sample_rows
 
-    def _block_tables(self, items: list) -> torch.Tensor:
-        width = max(len(s.seq.block_table) for s in items)
-        return self._int32([s.seq.block_table + [-1] * (width - len(s.seq.block_table)) for s in items])
+    def _to_device(self, parts: list[np.ndarray], dtype: type) -> torch.Tensor:
+        """One tensor on the device holding parts back to back (on CUDA: one copy from pinned memory)."""
+        total = sum(p.size for p in parts)
+        if not self.is_cuda:
+            return torch.from_numpy(np.concatenate(parts).astype(dtype, copy=False))
+        staging = self._staging.get(dtype)
+        if staging is None or staging.numel() < total:
+            size = max(total, 2 * staging.numel() if staging is not None else 1 << 16)
+            staging = self._staging[dtype] = torch.empty(size, dtype=_TORCH_INT[dtype], pin_memory=True)
+        np.concatenate(parts, out=staging.numpy()[:total], casting="unsafe")
+        return staging[:total].to(self.device, non_blocking=True)
 
-    def _int32(self, data: list) -> torch.Tensor:
-        return torch.tensor(data, dtype=torch.int32).to(self.device, non_blocking=True)
+    def _wait_for_copies(self) -> None:
+        """Before the pinned buffers are rewritten, the copies queued out of them must be done (normally
+        they are: the last step's sampled tokens came back to the host after them)."""
+        if self._copy_event is not None:
+            self._copy_event.synchronize()
+            self._copy_event = None
+
+    def _record_copies(self) -> None:
+        if self.is_cuda:
+            self._copy_event = torch.cuda.Event()
+            self._copy_event.record()
+
+    @staticmethod
+    def _split(flat: torch.Tensor, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
+        out, at = [], 0
+        for shape in shapes:
+            size = math.prod(shape)
+            out.append(flat[at : at + size].view(shape))
+            at += size
+        return out
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         params = [s.params for s in seqs]
@@ -212,7 +275,10 @@ class ModelRunner:
         temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=self.device)
         top_ks = torch.tensor([p.top_k for p in params], dtype=torch.long, device=self.device)
         top_ps = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=self.device)
-        return sample(logits, temps, top_ks, top_ps, [self._generator(s) for s in seqs])
+        vocab = logits.shape[-1]
+        filters = (any(0 < p.top_k < vocab for p in params), any(p.top_p < 1.0 for p in params))
+        generators = [self._generator(s) for s in seqs]
+        return sample(logits, temps, top_ks, top_ps, generators, all_greedy=False, filters=filters)
 
     def _generator(self, seq: Sequence) -> torch.Generator | None:
         if seq.params.seed is None or seq.params.greedy:
@@ -226,6 +292,7 @@ class ModelRunner:
     def release(self, request_id: str) -> None:
         """Forget per-request device state (its seeded generator, its recurrent-state slot)."""
         self.generators.pop(request_id, None)
+        self.block_rows.release(request_id)
         self.release_state(request_id)
 
     def release_state(self, request_id: str) -> None:
@@ -238,8 +305,11 @@ class ModelRunner:
             base = self._baseline_allocated + self.kv_cache.numel() * self.kv_cache.element_size()
             base += self.kv_quant_bytes
             peak = torch.cuda.max_memory_allocated(self.device) - base
+        elif num_tokens > self._estimated[0] or num_logit_rows > self._estimated[1]:  # the estimate only grows
+            self._estimated = (max(num_tokens, self._estimated[0]), max(num_logit_rows, self._estimated[1]))
+            peak = estimate_activation_bytes(self.model_config, self.dtype, *self._estimated)
         else:
-            peak = estimate_activation_bytes(self.model_config, self.dtype, num_tokens, num_logit_rows)
+            return
         self.activation_peak_bytes = max(self.activation_peak_bytes, peak)
 
     # -- scoring -------------------------------------------------------------------------

@@ -11,18 +11,22 @@ def sample(
     top_ks: torch.Tensor,
     top_ps: torch.Tensor,
     generators: list[torch.Generator | None],
+    all_greedy: bool | None = None,
+    filters: tuple[bool, bool] | None = None,
 ) -> torch.Tensor:
     """Pick one token per row of logits [B, V] (fp32). temperature 0 = greedy; top_k <= 0 = off.
 
     Sampling uses the exponential race (argmax of p / Exp(1) noise), which equals drawing from
     p; rows with a seed draw their noise from their own generator, so they are reproducible.
+    `all_greedy` and `filters` (whether any row has a top-k / a top-p to apply) are what the
+    caller knows on the host; given, they save reading them back from the device mid-step.
     """
     greedy = logits.argmax(dim=-1)
-    if bool((temperatures == 0).all()):
+    if all_greedy if all_greedy is not None else bool((temperatures == 0).all()):
         return greedy
     temps = torch.where(temperatures > 0, temperatures, torch.ones_like(temperatures))
     scaled = logits / temps[:, None]
-    probs = torch.softmax(filter_top_k_top_p(scaled, top_ks, top_ps), dim=-1)
+    probs = torch.softmax(filter_top_k_top_p(scaled, top_ks, top_ps, filters), dim=-1)
     noise = torch.empty_like(probs)
     shared = [i for i, g in enumerate(generators) if g is None]
     if shared:
@@ -34,12 +38,18 @@ def sample(
     return torch.where(temperatures > 0, sampled, greedy)
 
 
-def filter_top_k_top_p(logits: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
-    """Set logits outside each row's top-k and top-p nucleus to -inf (the best token always stays)."""
+def filter_top_k_top_p(
+    logits: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor, filters: tuple[bool, bool] | None = None
+) -> torch.Tensor:
+    """Set logits outside each row's top-k and top-p nucleus to -inf (the best token always stays).
+
+    `filters`: (any row has 0 < top_k < vocab, any row has top_p < 1), when the caller knows them.
+    """
     vocab = logits.shape[-1]
     ks = torch.where((top_ks <= 0) | (top_ks > vocab), torch.full_like(top_ks, vocab), top_ks)
-    needs_k = bool((ks < vocab).any())
-    needs_p = bool((top_ps < 1.0).any())
+    if filters is None:
+        filters = (bool((ks < vocab).any()), bool((top_ps < 1.0).any()))
+    needs_k, needs_p = filters
     if not (needs_k or needs_p):
         return logits
     sorted_logits, order = logits.sort(dim=-1, descending=True)
