@@ -20,7 +20,8 @@ from torch import nn
 from kvpilot.engine.config import ModelConfig
 from kvpilot.engine.mla_attention import LatentAttention
 from kvpilot.engine.mla_config import DeepseekFields
-from kvpilot.engine.models.layers import DecoderStack, RMSNorm, SiluAndMulMLP
+from kvpilot.engine.models.causal_lm import CausalLM
+from kvpilot.engine.models.layers import RMSNorm, SiluAndMulMLP
 from kvpilot.engine.models.moe import DeepseekMoE
 
 LORA_NORM_EPS = 1e-6  # HF builds q_a_layernorm / kv_a_layernorm with the RMSNorm default, not rms_norm_eps
@@ -194,27 +195,14 @@ class DeepseekDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class DeepseekV2ForCausalLM(nn.Module):
+class DeepseekV2ForCausalLM(CausalLM):
     """Packed-token causal LM over an MLA latent cache (also DeepSeek-V3: routing from the config)."""
 
     def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
         if config.deepseek is None:
             raise ValueError(f"model family {config.family!r} has no DeepSeek MLA fields (kv_lora_rank, ...)")
-        self.config = config
+        super().__init__(config, (DeepseekDecoderLayer(config, i) for i in range(config.num_hidden_layers)))
         self.latent_cache_width = config.deepseek.latent_width
-        self.model = DecoderStack(
-            config.vocab_size,
-            config.hidden_size,
-            config.rms_norm_eps,
-            (DeepseekDecoderLayer(config, i) for i in range(config.num_hidden_layers)),
-        )
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.tie_weights()
-
-    def tie_weights(self) -> None:
-        if self.config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
 
     def checkpoint_skip_reason(self, name: str) -> str | None:
         """Why the loader may skip a checkpoint tensor with no parameter here: only V3's MTP layers."""
@@ -230,12 +218,6 @@ class DeepseekV2ForCausalLM(nn.Module):
     def set_absorb(self, absorb: bool) -> None:
         for layer in self.model.layers:
             layer.self_attn.absorb = absorb
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
 
     def attention_layers(self) -> list[LatentAttention]:
         return [layer.self_attn.attn for layer in self.model.layers]

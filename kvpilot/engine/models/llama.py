@@ -7,7 +7,8 @@ from torch import nn
 
 from kvpilot.engine.attention import Attention
 from kvpilot.engine.config import ModelConfig
-from kvpilot.engine.models.layers import DecoderStack, RMSNorm, RotaryEmbedding, SiluAndMulMLP
+from kvpilot.engine.models.causal_lm import CausalLM
+from kvpilot.engine.models.layers import RMSNorm, RotaryEmbedding, SiluAndMulMLP
 
 
 class LlamaAttention(nn.Module):
@@ -49,34 +50,16 @@ class LlamaDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class LlamaForCausalLM(nn.Module):
-    """Packed-token causal LM: forward gives hidden states, compute_logits the vocabulary scores."""
+class LlamaForCausalLM(CausalLM):
+    """Llama/Mistral decoder layers in the shared causal-LM shell (Qwen2 sets qkv_bias)."""
 
     qkv_bias = False
 
     def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.config = config
         qkv_bias = self.qkv_bias or config.attention_bias
-        self.model = DecoderStack(
-            config.vocab_size,
-            config.hidden_size,
-            config.rms_norm_eps,
-            (LlamaDecoderLayer(config, qkv_bias) for _ in range(config.num_hidden_layers)),
+        super().__init__(
+            config, (LlamaDecoderLayer(config, qkv_bias) for _ in range(config.num_hidden_layers))
         )
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.tie_weights()
-
-    def tie_weights(self) -> None:
-        """Share the embedding with the output projection when the config ties them."""
-        if self.config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]

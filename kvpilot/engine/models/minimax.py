@@ -20,7 +20,8 @@ from kvpilot.engine.context import get_context
 from kvpilot.engine.hybrid_config import LINEAR
 from kvpilot.engine.kernels.lightning_attn.ops import lightning_decode, lightning_prefill
 from kvpilot.engine.kernels.lightning_attn.reference import minimax_slopes
-from kvpilot.engine.models.layers import DecoderStack, RMSNorm
+from kvpilot.engine.models.causal_lm import CausalLM
+from kvpilot.engine.models.layers import RMSNorm
 from kvpilot.engine.models.llama import LlamaAttention
 
 LIGHTNING_NORM_EPS = 1e-6  # HF's MiniMaxRMSNorm default, not config.rms_norm_eps
@@ -148,34 +149,15 @@ class MiniMaxDecoderLayer(nn.Module):
         return h * self.mlp_alpha + self.block_sparse_moe(h) * self.mlp_beta
 
 
-class MiniMaxForCausalLM(nn.Module):
+class MiniMaxForCausalLM(CausalLM):
     """Packed-token hybrid causal LM; same interface as LlamaForCausalLM plus linear_layers()."""
 
     def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
         if config.hybrid is None:
             raise ValueError(
                 "MiniMaxForCausalLM needs the hybrid fields of config.json (layer_types, experts)"
             )
-        self.config = config
-        self.model = DecoderStack(
-            config.vocab_size,
-            config.hidden_size,
-            config.rms_norm_eps,
-            (MiniMaxDecoderLayer(config, i) for i in range(config.num_hidden_layers)),
-        )
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.tie_weights()
-
-    def tie_weights(self) -> None:
-        if self.config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        super().__init__(config, (MiniMaxDecoderLayer(config, i) for i in range(config.num_hidden_layers)))
 
     def attention_layers(self) -> list[Attention]:
         """The softmax layers' paged attention, in layer order (they alone use the KV cache)."""
