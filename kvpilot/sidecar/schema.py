@@ -12,6 +12,7 @@ summing over a label be meaningful, and a `sum(kvpilot_memory_bytes)` would doub
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -44,14 +45,17 @@ class MetricSpec:
         return self.unit if self.unit and self.family_name.endswith("_" + self.unit) else ""
 
 
-def _g(name: str, unit: str, help: str, source: str, labels: tuple[str, ...] = (),
-       group: Group = "engine") -> MetricSpec:
-    return MetricSpec(PREFIX + name, "gauge", unit, help, labels, source, group)
+def _row(type_: MetricType) -> Callable[..., MetricSpec]:
+    """A row builder for one metric type: name (without prefix), unit, help, source, labels, group."""
+
+    def row(name: str, unit: str, help: str, source: str, labels: tuple[str, ...] = (),
+            group: Group = "engine") -> MetricSpec:
+        return MetricSpec(PREFIX + name, type_, unit, help, labels, source, group)
+
+    return row
 
 
-def _c(name: str, unit: str, help: str, source: str, labels: tuple[str, ...] = (),
-       group: Group = "engine") -> MetricSpec:
-    return MetricSpec(PREFIX + name, "counter", unit, help, labels, source, group)
+_g, _c = _row("gauge"), _row("counter")
 
 
 def _h(name: str, help: str, source: str) -> MetricSpec:

@@ -29,6 +29,18 @@ class Usage(BaseModel):
         )
 
 
+class CompletionBody(BaseModel):
+    """Fields every completion body shares, in OpenAI's order; subclasses fix `object` and the choices."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: list[BaseModel]
+    usage: Usage | None = None
+    system_fingerprint: str
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str
@@ -41,14 +53,10 @@ class ChatChoice(BaseModel):
     logprobs: None = None
 
 
-class ChatCompletion(BaseModel):
-    id: str
+class ChatCompletion(CompletionBody):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
     choices: list[ChatChoice]
     usage: Usage
-    system_fingerprint: str
 
 
 class ChatDelta(BaseModel):
@@ -63,14 +71,9 @@ class ChatChunkChoice(BaseModel):
     logprobs: None = None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(CompletionBody):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
     choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-    system_fingerprint: str
 
 
 class CompletionChoice(BaseModel):
@@ -80,16 +83,11 @@ class CompletionChoice(BaseModel):
     logprobs: None = None
 
 
-class Completion(BaseModel):
+class Completion(CompletionBody):
     """Both the non-streaming body and each streamed chunk ("text_completion" in both)."""
 
-    id: str
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
     choices: list[CompletionChoice]
-    usage: Usage | None = None
-    system_fingerprint: str
 
 
 class ScoreResponse(BaseModel):
