@@ -9,14 +9,11 @@ runs the Triton store and absorbed-decode kernels under the interpreter.
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from kvpilot.engine.llm import LLM
-from kvpilot.engine.sampling_params import SamplingParams
 from tests.helpers.deepseek import build_deepseek_checkpoint
-from tests.helpers.models import hf_greedy
+from tests.parity.helpers import assert_replay_and_release, greedy_ids, hf_reference_fixture, mixed_prompts
 
 pytestmark = pytest.mark.parity
 
@@ -61,47 +58,26 @@ CONFIGS = {
 }
 
 
-def make_prompts(seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-
-    def tokens(n: int) -> list[int]:
-        return [rng.randrange(3, 384) for _ in range(n)]
-
-    shared = tokens(34)
-    return [tokens(1), tokens(5), tokens(17), tokens(40), shared + tokens(3), shared + tokens(5)]
+PROMPTS = mixed_prompts()
 
 
-PROMPTS = make_prompts()
-_CHECKPOINTS: dict[str, tuple[str, list[list[int]]]] = {}
+def build(out_dir, name: str):
+    version, seed, overrides = VARIANTS[name]
+    return build_deepseek_checkpoint(out_dir, version, seed=seed, **overrides)
 
 
-@pytest.fixture(scope="module")
-def checkpoint(request, tmp_path_factory) -> tuple[str, list[list[int]]]:
-    name = request.param
-    if name not in _CHECKPOINTS:
-        version, seed, overrides = VARIANTS[name]
-        path = build_deepseek_checkpoint(tmp_path_factory.mktemp(name), version, seed=seed, **overrides)
-        _CHECKPOINTS[name] = (str(path), hf_greedy(path, PROMPTS, MAX_NEW))
-    return _CHECKPOINTS[name]
-
-
-def generate(llm: LLM, prompts: list[list[int]] = PROMPTS, max_tokens: int = MAX_NEW) -> list[list[int]]:
-    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens))
-    return [o["token_ids"] for o in outs]
+checkpoint = hf_reference_fixture(build, PROMPTS, MAX_NEW)
 
 
 @pytest.mark.parametrize("config_name", list(CONFIGS))
 @pytest.mark.parametrize("checkpoint", list(VARIANTS), indirect=True)
 def test_greedy_matches_hf(checkpoint, config_name: str) -> None:
     path, expected = checkpoint
-    assert any(len(set(e)) > 1 for e in expected), (
-        "degenerate reference: every continuation repeats one token"
-    )
     llm = LLM(path, show_progress=False, **CONFIGS[config_name])
     engine = llm.engine
     mla = engine.stats()["engine"]["mla"]
     assert mla["mode"] == "native" and mla["absorbed_decode"] == (config_name != "disable-mla")
-    got = generate(llm)
+    got = greedy_ids(llm, PROMPTS, MAX_NEW)
     # hf_greedy masks EOS (min_new_tokens); the seeds were picked so kvpilot's greedy never picks it.
     assert all(EOS not in g for g in got), (
         "the engine chose EOS, which HF's reference masks: pick another seed"
@@ -109,12 +85,7 @@ def test_greedy_matches_hf(checkpoint, config_name: str) -> None:
     assert got == expected
     if config_name == "tiny-pool-preempt":
         assert engine.scheduler.num_preemptions > 0, "the tiny pool was meant to force preemption"
-    if engine.config.enable_prefix_caching:
-        hits_before = engine.stats()["prefix_cache"]["hit_tokens_total"]
-        assert generate(llm) == expected
-        assert engine.stats()["prefix_cache"]["hit_tokens_total"] > hits_before
-    stats = engine.stats()
-    assert stats["kv"]["blocks_used"] == 0 and stats["requests"]["running"] == 0
+    assert_replay_and_release(llm, PROMPTS, expected, MAX_NEW)
 
 
 @pytest.mark.parametrize("checkpoint", ["v2-qlora"], indirect=True)
@@ -140,7 +111,7 @@ def test_triton_interpreter_decode_matches_hf(checkpoint, monkeypatch) -> None:
     path, expected = checkpoint
     monkeypatch.setenv("KVPILOT_KERNELS", "triton")
     llm = LLM(path, show_progress=False, block_size=16)
-    assert generate(llm, PROMPTS[1:3], 3) == [e[:3] for e in expected[1:3]]
+    assert greedy_ids(llm, PROMPTS[1:3], 3) == [e[:3] for e in expected[1:3]]
 
 
 @pytest.mark.parametrize("checkpoint", ["v3-qlora"], indirect=True)

@@ -7,13 +7,12 @@ chunked prefill on and off, and a KV pool small enough to force preemption.
 from __future__ import annotations
 
 import importlib.util
-import random
 
 import pytest
 
 from kvpilot.engine.llm import LLM
-from kvpilot.engine.sampling_params import SamplingParams
 from tests.helpers.models import build_hf_checkpoint, hf_greedy
+from tests.parity.helpers import assert_replay_and_release, greedy_ids, hf_reference_fixture, mixed_prompts
 
 pytestmark = pytest.mark.parity
 
@@ -40,56 +39,26 @@ CONFIGS = {
 }
 
 
-def make_prompts(seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-
-    def tokens(n: int) -> list[int]:
-        return [rng.randrange(3, 384) for _ in range(n)]
-
-    shared = tokens(34)
-    return [tokens(1), tokens(5), tokens(17), tokens(40), shared + tokens(3), shared + tokens(5)]
+PROMPTS = mixed_prompts()
 
 
-PROMPTS = make_prompts()
-_CHECKPOINTS: dict[str, tuple[str, list[list[int]]]] = {}
+def build(out_dir, name: str):
+    family, kv_heads = VARIANTS[name]
+    return build_hf_checkpoint(out_dir, family, seed=len(name), num_key_value_heads=kv_heads)
 
 
-@pytest.fixture(scope="module")
-def checkpoint(request, tmp_path_factory) -> tuple[str, list[list[int]]]:
-    name = request.param
-    if name not in _CHECKPOINTS:
-        family, kv_heads = VARIANTS[name]
-        path = build_hf_checkpoint(
-            tmp_path_factory.mktemp(name), family, seed=len(name), num_key_value_heads=kv_heads
-        )
-        _CHECKPOINTS[name] = (str(path), hf_greedy(path, PROMPTS, MAX_NEW))
-    return _CHECKPOINTS[name]
-
-
-def generate(llm: LLM) -> list[list[int]]:
-    outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_NEW))
-    return [o["token_ids"] for o in outs]
+checkpoint = hf_reference_fixture(build, PROMPTS, MAX_NEW)
 
 
 @pytest.mark.parametrize("config_name", list(CONFIGS))
 @pytest.mark.parametrize("checkpoint", list(VARIANTS), indirect=True)
 def test_greedy_matches_hf(checkpoint, config_name: str) -> None:
     path, expected = checkpoint
-    assert any(len(set(e)) > 1 for e in expected), (
-        "degenerate reference: every continuation repeats one token"
-    )
     llm = LLM(path, show_progress=False, **CONFIGS[config_name])
-    assert generate(llm) == expected
-    engine = llm.engine
+    assert greedy_ids(llm, PROMPTS, MAX_NEW) == expected
     if config_name.startswith("tiny-pool"):
-        assert engine.scheduler.num_preemptions > 0, "the tiny pool was meant to force preemption"
-    if engine.config.enable_prefix_caching:
-        # Second pass: the same prompts now hit the prefix cache, and outputs stay identical.
-        hits_before = engine.stats()["prefix_cache"]["hit_tokens_total"]
-        assert generate(llm) == expected
-        assert engine.stats()["prefix_cache"]["hit_tokens_total"] > hits_before
-    stats = engine.stats()
-    assert stats["kv"]["blocks_used"] == 0 and stats["requests"]["running"] == 0
+        assert llm.engine.scheduler.num_preemptions > 0, "the tiny pool was meant to force preemption"
+    assert_replay_and_release(llm, PROMPTS, expected, MAX_NEW)
 
 
 def _triton_kernels_present() -> bool:
@@ -107,9 +76,7 @@ def test_triton_interpreter_matches_hf(checkpoint, monkeypatch) -> None:
     path, expected = checkpoint
     monkeypatch.setenv("KVPILOT_KERNELS", "triton")
     llm = LLM(path, show_progress=False, max_num_batched_tokens=16, block_size=16)
-    prompts = PROMPTS[:3]
-    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=3))
-    assert [o["token_ids"] for o in outs] == [e[:3] for e in expected[:3]]
+    assert greedy_ids(llm, PROMPTS[:3], 3) == [e[:3] for e in expected[:3]]
 
 
 def test_llama3_rope_scaling_matches_hf(tmp_path) -> None:
@@ -128,4 +95,4 @@ def test_llama3_rope_scaling_matches_hf(tmp_path) -> None:
     expected = hf_greedy(path, PROMPTS, MAX_NEW)
     llm = LLM(str(path), show_progress=False)
     assert llm.engine.model_config.rope_scaling["rope_type"] == "llama3"
-    assert generate(llm) == expected
+    assert greedy_ids(llm, PROMPTS, MAX_NEW) == expected

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.eviction import EvictionPolicy
 from kvpilot.engine.llm_engine import LLMEngine
 from kvpilot.engine.sampling_params import SamplingParams
 from tests.helpers.models import build_hf_checkpoint
+from tests.parity.helpers import engine_greedy, make_engine
 
 pytestmark = pytest.mark.parity
 
@@ -25,17 +25,11 @@ def ckpt(tmp_path_factory):
 
 
 def engine(ckpt, **kw) -> LLMEngine:
-    base = dict(model=str(ckpt), device="cpu", block_size=BS, show_progress=False, num_kv_blocks=24)
-    return LLMEngine(EngineConfig(**{**base, **kw}))
+    return make_engine(ckpt, **{"device": "cpu", "block_size": BS, "num_kv_blocks": 24, **kw})
 
 
-def generate(eng: LLMEngine, prompt: list[int], n: int, rid: str = "r") -> list[int]:
-    eng.add_request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
-    out: list[int] = []
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            out += o.new_token_ids
-    return out
+def generate(eng: LLMEngine, prompt: list[int], n: int) -> list[int]:
+    return engine_greedy(eng, [prompt], n, ["r"])[0]
 
 
 def visible_mask(policy: EvictionPolicy, prompt_len: int, total: int, chunk: int):

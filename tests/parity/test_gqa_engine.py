@@ -22,11 +22,16 @@ from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.forced_logits import compare_logits, teacher_forced_logits
 from kvpilot.engine.strategies.gqa_conversion import convert_state_dict_to_gqa
 from tests.helpers.models import build_hf_checkpoint, hf_greedy
-from tests.parity.test_kv_quant_engine import _prompts, engine, greedy
+from tests.parity.helpers import engine_greedy, make_engine, random_length_prompts
 
 pytestmark = pytest.mark.parity
 
 HEADS = 4  # tiny models: 4 query heads, MHA here
+NEW_TOKENS = 24
+
+
+def engine(path, **kw):
+    return make_engine(path, block_size=8, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +57,11 @@ def _hf_converted(src: Path, out: Path, groups: int) -> Path:
 
 @pytest.mark.parametrize("groups", [2, 1])
 def test_converted_engine_equals_hf_on_the_pooled_checkpoint(mha, tmp_path, groups):
-    prompts = _prompts(seed=groups, n=4)
+    prompts = random_length_prompts(seed=groups, n=4)
     expected = hf_greedy(_hf_converted(mha, tmp_path / "hf", groups), prompts, 10)
     eng = engine(mha, attention="gqa", kv_head_groups=groups)
     assert eng.runner.model_config.num_key_value_heads == groups
-    assert greedy(eng, prompts, 10) == expected
+    assert engine_greedy(eng, prompts, 10) == expected
 
 
 def _redundant(src: Path, out: Path, groups: int, noise: float) -> Path:
@@ -80,8 +85,8 @@ def _redundant(src: Path, out: Path, groups: int, noise: float) -> Path:
 @pytest.mark.parametrize("redundant", [True, False], ids=["redundant-heads", "random-heads"])
 def test_conversion_tracks_exact(mha, tmp_path, redundant):
     path = _redundant(mha, tmp_path / "redundant", 2, 0.02) if redundant else mha
-    prompts = _prompts(seed=5)
-    continuations = greedy(engine(path), prompts)
+    prompts = random_length_prompts(seed=5)
+    continuations = engine_greedy(engine(path), prompts, NEW_TOKENS)
     exact = teacher_forced_logits(engine(path), prompts, continuations)
     got = compare_logits(exact, teacher_forced_logits(engine(path, attention="gqa", kv_head_groups=2), prompts,
                                                       continuations))
@@ -98,10 +103,10 @@ def test_disable_gqa_serves_the_original_heads(mha):
     on = EngineConfig(model=str(mha), show_progress=False, attention="gqa", kv_head_groups=2)
     off = dataclasses.replace(on, disable_gqa=True)
     assert {f.name for f in dataclasses.fields(on) if getattr(on, f.name) != getattr(off, f.name)} == {"disable_gqa"}
-    prompts = _prompts(seed=7, n=3)
+    prompts = random_length_prompts(seed=7, n=3)
     eng_off = engine(mha, attention="gqa", kv_head_groups=2, disable_gqa=True)
     assert eng_off.runner.model_config.num_key_value_heads == HEADS
-    assert greedy(eng_off, prompts, 8) == greedy(engine(mha), prompts, 8)
+    assert engine_greedy(eng_off, prompts, 8) == engine_greedy(engine(mha), prompts, 8)
     eng_on = engine(mha, attention="gqa", kv_head_groups=2)
     assert eng_on.stats()["kv"]["bytes_per_block"] * 2 == eng_off.stats()["kv"]["bytes_per_block"]
 

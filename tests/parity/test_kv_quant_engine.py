@@ -9,15 +9,12 @@ top-1 0.94-0.97. Random logits have many near-ties, so top-1 is the looser of th
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
-from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.forced_logits import compare_logits, teacher_forced_logits
 from kvpilot.engine.llm_engine import LLMEngine
-from kvpilot.engine.sampling_params import SamplingParams
 from tests.helpers.models import build_hf_checkpoint
+from tests.parity.helpers import engine_greedy, make_engine, random_length_prompts
 
 pytestmark = pytest.mark.parity
 
@@ -29,31 +26,16 @@ VARIANTS = {"llama-mha": ("llama", 4), "qwen2-gqa": ("qwen2", 2)}
 NEW_TOKENS = 24
 
 
-def _prompts(seed: int = 0, n: int = 8) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(3, 384) for _ in range(rng.randrange(8, 48))] for _ in range(n)]
-
-
 def engine(path, **kw) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=str(path), show_progress=False, block_size=8, **kw))
-
-
-def greedy(eng: LLMEngine, prompts: list[list[int]], max_tokens: int = NEW_TOKENS) -> list[list[int]]:
-    for i, p in enumerate(prompts):
-        eng.add_request(str(i), p, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
-    out: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            out[o.request_id] += o.new_token_ids
-    return [out[str(i)] for i in range(len(prompts))]
+    return make_engine(path, block_size=8, **kw)
 
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
 def checkpoint(request, tmp_path_factory):
     family, kv_heads = VARIANTS[request.param]
     path = build_hf_checkpoint(tmp_path_factory.mktemp(request.param), family, num_key_value_heads=kv_heads)
-    prompts = _prompts()
-    continuations = greedy(engine(path), prompts)
+    prompts = random_length_prompts()
+    continuations = engine_greedy(engine(path), prompts, NEW_TOKENS)
     exact = teacher_forced_logits(engine(path), prompts, continuations)
     return path, prompts, continuations, exact
 

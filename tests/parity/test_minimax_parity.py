@@ -15,6 +15,7 @@ from kvpilot.engine.llm import LLM
 from kvpilot.engine.sampling_params import SamplingParams
 from tests.helpers.minimax import build_minimax_checkpoint
 from tests.helpers.models import hf_greedy
+from tests.parity.helpers import assert_varied, greedy_ids
 
 pytestmark = pytest.mark.parity
 
@@ -41,16 +42,13 @@ def checkpoint(tmp_path_factory) -> tuple[str, list[list[int]]]:
 
 
 def generate(llm: LLM, prompts: list[list[int]] = PROMPTS, max_new: int = MAX_NEW) -> list[list[int]]:
-    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_new, ignore_eos=True))
-    return [o["token_ids"] for o in outs]
+    return greedy_ids(llm, prompts, max_new, ignore_eos=True)
 
 
 @pytest.mark.parametrize("config_name", list(CONFIGS))
 def test_minimax_greedy_matches_hf(checkpoint, config_name: str) -> None:
     path, expected = checkpoint
-    assert any(len(set(e)) > 1 for e in expected), (
-        "degenerate reference: every continuation repeats one token"
-    )
+    assert_varied(expected)
     llm = LLM(path, show_progress=False, **CONFIGS[config_name])
     engine = llm.engine
     assert engine.runner.linear_state is not None and len(engine.runner.linear_state.layers) == 3

@@ -16,10 +16,9 @@ import random
 import pytest
 import torch
 
-from kvpilot.engine.context import Context, reset_context, set_context
 from kvpilot.engine.llm import LLM
-from kvpilot.engine.sampling_params import SamplingParams
 from tests.helpers.models import build_hf_checkpoint
+from tests.parity.helpers import assert_replay_and_release, dense_logits, greedy_ids
 
 pytestmark = pytest.mark.parity
 
@@ -51,22 +50,10 @@ def llama(tmp_path_factory) -> str:
     )
 
 
-@torch.inference_mode()
-def _dense_logits(llm: LLM, tokens: list[int]) -> torch.Tensor:
-    runner = llm.engine.runner
-    ids = torch.tensor(tokens, dtype=torch.long)
-    set_context(Context(dense=True))
-    try:
-        hidden = runner.model(ids, torch.arange(len(tokens)))
-    finally:
-        reset_context()
-    return runner.model.compute_logits(hidden).float()
-
-
 def _compare(exact: LLM, approx: LLM) -> tuple[float, float]:
     cosines, agree, total = [], 0, 0
     for prompt in PROMPTS:
-        a, b = _dense_logits(exact, prompt), _dense_logits(approx, prompt)
+        a, b = dense_logits(exact, prompt), dense_logits(approx, prompt)
         cosines.append(torch.nn.functional.cosine_similarity(a, b, dim=-1))
         agree += int((a.argmax(-1) == b.argmax(-1)).sum())
         total += a.shape[0]
@@ -94,29 +81,24 @@ def test_logit_cosine_and_top1_improve_with_rank(llama) -> None:
 
 
 def test_full_rank_paged_path_equals_exact(llama) -> None:
-    params = SamplingParams(temperature=0.0, max_tokens=8)
-    expected = [o["token_ids"] for o in LLM(llama, show_progress=False).generate(PROMPTS, params)]
+    expected = greedy_ids(LLM(llama, show_progress=False), PROMPTS, 8)
     small = {"num_kv_blocks": 10, "block_size": 8, "max_num_batched_tokens": 16}
     llm = LLM(llama, show_progress=False, attention="mla", latent_rank=FULL_RANK, **small)
     runner = llm.engine.runner
     assert tuple(runner.kv_cache.shape) == (2, 10, 8, FULL_RANK)
     assert runner.bytes_per_block == 2 * 8 * FULL_RANK * 4  # layers x tokens x latent x fp32
-    assert [o["token_ids"] for o in llm.generate(PROMPTS, params)] == expected
+    assert greedy_ids(llm, PROMPTS, 8) == expected
     assert llm.engine.scheduler.num_preemptions > 0, "the tiny pool was meant to force preemption"
-    hits = llm.engine.stats()["prefix_cache"]["hit_tokens_total"]
-    assert [o["token_ids"] for o in llm.generate(PROMPTS, params)] == expected
-    assert llm.engine.stats()["prefix_cache"]["hit_tokens_total"] > hits
+    assert llm.engine.config.enable_prefix_caching
+    assert_replay_and_release(llm, PROMPTS, expected, 8)
 
 
 def test_disable_mla_serves_the_original_attention(llama) -> None:
-    params = SamplingParams(temperature=0.0, max_tokens=6)
     exact = LLM(llama, show_progress=False)
     off = LLM(llama, show_progress=False, attention="mla", latent_rank=8, disable_mla=True)
     assert off.engine.stats()["engine"]["mla"]["mode"] == "off"
     assert off.engine.runner.bytes_per_block == exact.engine.runner.bytes_per_block
-    assert [o["token_ids"] for o in off.generate(PROMPTS, params)] == [
-        o["token_ids"] for o in exact.generate(PROMPTS, params)
-    ]
+    assert greedy_ids(off, PROMPTS, 6) == greedy_ids(exact, PROMPTS, 6)
 
 
 def test_mla_settings_are_checked(llama) -> None:
@@ -137,7 +119,7 @@ def test_runtime_validation_compares_with_the_original_kv(llama, rank: int, low:
     """Every 2nd decode token: the served layer output vs a dense pass with the checkpoint's own K/V."""
     llm = LLM(llama, show_progress=False, attention="mla", latent_rank=rank, validate_every=2,
               validation_sample_rate=1.0)  # fmt: skip
-    llm.generate(PROMPTS[:2], SamplingParams(temperature=0.0, max_tokens=6))
+    greedy_ids(llm, PROMPTS[:2], 6)
     validation = llm.engine.stats()["validation"]
     assert validation["checks_total"] >= 2
     assert low <= validation["last_cosine"] <= high

@@ -19,16 +19,15 @@ import torch
 from kvpilot.engine.context import Context, reset_context, set_context
 from kvpilot.engine.llm import LLM
 from kvpilot.engine.performer_attention import PerformerAttention
-from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.strategies.performer import exact_causal_attention, performer_attention
 from tests.helpers.models import build_hf_checkpoint
+from tests.parity.helpers import dense_logits, greedy_ids
 
 pytestmark = pytest.mark.parity
 
 _rng = random.Random(3)
 PROMPTS = [[_rng.randrange(3, 384) for _ in range(n)] for n in (1, 5, 17, 40)]
 LONG = [_rng.randrange(3, 384) for _ in range(96)]
-GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -36,19 +35,8 @@ def llama(tmp_path_factory) -> str:
     return str(build_hf_checkpoint(tmp_path_factory.mktemp("llama"), "llama", seed=3, num_key_value_heads=2))
 
 
-def generate(llm: LLM) -> list[list[int]]:
-    return [o["token_ids"] for o in llm.generate(PROMPTS, GREEDY)]
-
-
-def dense_logits(llm: LLM, tokens: list[int]) -> torch.Tensor:
-    runner = llm.engine.runner
-    set_context(Context(dense=True))
-    try:
-        with torch.inference_mode():
-            hidden = runner.model(torch.tensor(tokens), torch.arange(len(tokens)))
-            return runner.model.compute_logits(hidden).float()
-    finally:
-        reset_context()
+def generate(llm: LLM, prompts: list[list[int]] = PROMPTS, max_tokens: int = 10) -> list[list[int]]:
+    return greedy_ids(llm, prompts, max_tokens, ignore_eos=True)
 
 
 def test_window_covering_the_context_is_exact(llama: str) -> None:
@@ -157,10 +145,9 @@ def test_eviction_frees_blocks_behind_the_window_and_changes_nothing(llama: str)
     conversion without eviction, while the KV pool holds just the window per sequence."""
     common = {"attention": "linear", "linear_window": 8, "linear_features": 16, "block_size": 8}
     prompts = [*PROMPTS, LONG]
-    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
-    whole = [o["token_ids"] for o in LLM(llama, show_progress=False, **common).generate(prompts, params)]
+    whole = generate(LLM(llama, show_progress=False, **common), prompts, 30)
     llm = LLM(llama, show_progress=False, eviction="sinks", eviction_sinks=0, eviction_window=8, **common)
-    assert [o["token_ids"] for o in llm.generate(prompts, params)] == whole
+    assert generate(llm, prompts, 30) == whole
     assert llm.engine.checks.evictor.evicted_blocks_total > 0
 
 
@@ -172,19 +159,19 @@ def test_runtime_validation_moves_a_low_cosine_sequence_to_exact_attention(llama
         llama, show_progress=False, attention="linear", linear_window=4, linear_features=16, **validation
     )
     prompt = PROMPTS[3]
-    got = llm.generate([prompt], GREEDY)[0]["token_ids"]
+    got = generate(llm, [prompt])[0]
     feed = llm.engine.stats()
     assert feed["validation"]["fallbacks_total"]["low_cosine"] == 1
     assert feed["linear"]["summary_misses_total"] == 2, "the fallback recomputes the sequence from token 0"
     exact = LLM(llama, show_progress=False)
-    last = exact.generate([prompt + got[:-1]], SamplingParams(temperature=0.0, max_tokens=1))[0]["token_ids"]
+    last = greedy_ids(exact, [prompt + got[:-1]], 1)[0]
     assert last == got[-1:]
 
 
 def test_runtime_validation_passes_a_whole_context_window(llama: str) -> None:
     validation = {"validate_every": 2, "validation_sample_rate": 1.0}
     llm = LLM(llama, show_progress=False, attention="linear", linear_window=128, **validation)
-    llm.generate(PROMPTS, GREEDY)
+    generate(llm)
     feed = llm.engine.stats()["validation"]
     assert feed["checks_total"] >= len(PROMPTS) and sum(feed["fallbacks_total"].values()) == 0
     assert feed["last_cosine"] > 0.9999

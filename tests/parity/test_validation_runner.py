@@ -6,12 +6,12 @@ import logging
 
 import pytest
 
-from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.llm_engine import LLMEngine
 from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.sequence import Sequence
 from kvpilot.engine.validation_runner import DenseRecompute, is_sampled
 from tests.helpers.models import build_hf_checkpoint
+from tests.parity.helpers import drain, engine_greedy, make_engine
 
 pytestmark = pytest.mark.parity
 
@@ -22,17 +22,11 @@ def ckpt(tmp_path_factory):
 
 
 def engine(ckpt, **kw) -> LLMEngine:
-    base = dict(model=str(ckpt), device="cpu", block_size=16, show_progress=False, num_kv_blocks=40)
-    return LLMEngine(EngineConfig(**{**base, **kw}))
+    return make_engine(ckpt, **{"device": "cpu", "block_size": 16, "num_kv_blocks": 40, **kw})
 
 
 def generate(eng: LLMEngine, prompt: list[int], n: int) -> list[int]:
-    eng.add_request("r", prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
-    out: list[int] = []
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            out += o.new_token_ids
-    return out
+    return engine_greedy(eng, [prompt], n, ["r"])[0]
 
 
 def prompt_of(n: int) -> list[int]:
@@ -134,10 +128,7 @@ def test_auto_switched_int8_sequence_falls_back_to_the_16bit_pool(ckpt):
     eng.add_request("first", prompt_of(30), params)  # batch 0 -> 16-bit pool
     eng.step()
     eng.add_request("second", prompt_of(25), params)  # batch 1 -> int8 pool
-    out: dict[str, list[int]] = {"first": [], "second": []}
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            out[o.request_id] += o.new_token_ids
+    out = drain(eng)
     feed = eng.stats()["validation"]
     assert feed["fallbacks_total"]["low_cosine"] == 1 and feed["checks_total"] == 1
     k = 5  # checked on the step producing completion token index 4; recomputed in 16-bit after
