@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python3 bench/profile_engine_step.py [--batch 64] [--context 4096] [--block-size 16] \
         [--steps 30] [--warmup 5] [--device cpu|cuda] [--size tiny] [--kv-cache-dtype auto] \
-        [--no-prefix-caching] [--cprofile-steps 10] [--top 25] [--json PATH]
+        [--no-prefix-caching] [--stub-model] [--cprofile-steps 10] [--top 25] [--json PATH]
 
 A tiny random Llama checkpoint is made in a temporary directory. `--batch` requests of `--context`
 random prompt tokens are put straight into the running batch with their prompts marked computed
@@ -140,6 +140,8 @@ def main() -> None:
     parser.add_argument("--cprofile-steps", type=int, default=10)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--stub-model", action="store_true",
+                        help="replace the model forward by a zeros tensor (host work only, quick and less noisy)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -149,7 +151,14 @@ def main() -> None:
         engine = build_engine(args, model_dir)
     runner = engine.runner
     model_timer, sample_timer = StepTimer(runner.device), StepTimer(runner.device)
-    runner.model.forward = model_timer.wrap(runner.model.forward)
+    forward = runner.model.forward
+    if args.stub_model:  # host work only: the forward returns zeros (the attention layers never run)
+        hidden = engine.model_config.hidden_size
+
+        def forward(ids: torch.Tensor, _positions: torch.Tensor) -> torch.Tensor:
+            return torch.zeros(ids.shape[0], hidden, dtype=runner.dtype, device=runner.device)
+
+    runner.model.forward = model_timer.wrap(forward)
     runner.model.compute_logits = model_timer.wrap(runner.model.compute_logits)
     runner._sample = sample_timer.wrap(runner._sample)
     start = time.perf_counter()
@@ -161,6 +170,7 @@ def main() -> None:
         "device": runner.device.type, "batch": args.batch, "context": args.context, "block_size": args.block_size,
         "block_table_width": max(len(s.block_table) for s in engine.scheduler.running),
         "kv_cache_dtype": str(runner.kv_dtype).removeprefix("torch."), "steps": args.steps,
+        "stub_model": args.stub_model,
         "admit_seconds": admit_s, **summarise(rows),
     }
     print(json.dumps(result))

@@ -138,17 +138,20 @@ class BlockManager:
             self.prefix_hit_tokens += seq.num_cached_tokens
         self.may_append(seq, num_new_tokens)
 
+    def _blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
+        resident = seq.num_computed_tokens - seq.num_evicted_tokens  # called per sequence per step: inlined
+        return -(-(resident + num_new_tokens) // self.block_size) - len(seq.block_table)
+
     def can_append(self, seq: Sequence, num_new_tokens: int = 1) -> bool:
         """Whether seq can get slots for num_new_tokens beyond its computed tokens."""
-        resident = seq.num_computed_tokens - seq.num_evicted_tokens
-        needed = self.blocks_for(resident + num_new_tokens) - len(seq.block_table)
-        return needed <= self.num_free_blocks
+        return self._blocks_needed(seq, num_new_tokens) <= len(self.free_block_ids)
 
     def may_append(self, seq: Sequence, num_new_tokens: int = 1) -> None:
         """Add fresh blocks to seq until num_new_tokens more slots fit."""
-        resident = seq.num_computed_tokens - seq.num_evicted_tokens
-        needed = self.blocks_for(resident + num_new_tokens) - len(seq.block_table)
-        assert needed <= self.num_free_blocks, f"out of KV blocks for {seq.request_id}"
+        needed = self._blocks_needed(seq, num_new_tokens)
+        if needed <= 0:
+            return
+        assert needed <= len(self.free_block_ids), f"out of KV blocks for {seq.request_id}"
         for _ in range(needed):
             seq.block_table.append(self._take_free_block())
 
@@ -157,6 +160,8 @@ class BlockManager:
         if not self.enable_prefix_caching or seq.num_evicted_tokens:
             return  # after eviction table index != logical block index; earlier blocks stay registered
         full = seq.num_computed_tokens // self.block_size
+        if full <= len(seq.block_hashes):
+            return
         for i in range(len(seq.block_hashes), full):
             tokens = tuple(seq.block_tokens(i, self.block_size))
             prev = seq.block_hashes[-1] if seq.block_hashes else NO_HASH

@@ -128,16 +128,20 @@ class LLMEngine:
             raise
         self.scheduler.postprocess(scheduled, sampled)
         now = time.monotonic()
+        stats = self.stats_state
         for item, token in zip(scheduled.scheduled, sampled, strict=True):
             if token is None:
                 continue
             seq = item.seq
-            self.stats_state.on_token(seq, now)
-            self._check_stop_strings(seq)
-            if seq.is_finished:
-                self.stats_state.on_finish(seq, now)
-            outputs.append(self._output(seq, [token]))
-            if seq.is_finished:
+            stats.on_token(seq, now)
+            finished = seq.is_finished
+            if seq.params.stop or finished:  # else nothing to detokenise (see _check_stop_strings)
+                self._check_stop_strings(seq)
+                finished = seq.is_finished
+            if finished:
+                stats.on_finish(seq, now)
+            outputs.append(self._output(seq, [token], finished))
+            if finished:
                 self._forget(seq)
         self.checks.after_step(scheduled)
         return outputs
@@ -158,15 +162,15 @@ class LLMEngine:
                 seq.finish_reason = "stop"
         self._texts[seq.request_id] = text
 
-    def _output(self, seq: Sequence, new_token_ids: list[int]) -> RequestOutput:
+    def _output(self, seq: Sequence, new_token_ids: list[int], finished: bool | None = None) -> RequestOutput:
         return RequestOutput(
-            request_id=seq.request_id,
-            new_token_ids=new_token_ids,
-            finished=seq.is_finished,
-            finish_reason=seq.finish_reason,
-            num_prompt_tokens=seq.num_prompt_tokens,
-            num_cached_tokens=seq.num_cached_tokens,
-            text=self._texts.get(seq.request_id, ""),
+            seq.request_id,
+            new_token_ids,
+            seq.is_finished if finished is None else finished,
+            seq.finish_reason,
+            seq.num_prompt_tokens,
+            seq.num_cached_tokens,
+            self._texts.get(seq.request_id, ""),
         )
 
     def _forget(self, seq: Sequence) -> None:

@@ -119,8 +119,9 @@ class Scheduler:
         kept: list[Sequence] = []
         while queue and budget > 0:
             seq = queue.popleft()
-            n = min(seq.num_uncomputed_tokens, budget, self.max_chunk_tokens or budget)
-            if n < seq.num_uncomputed_tokens and not self._may_chunk(seq):
+            uncomputed = seq.num_uncomputed_tokens
+            n = min(uncomputed, budget, self.max_chunk_tokens or budget)
+            if n < uncomputed and not self._may_chunk(seq):
                 kept.append(seq)
                 continue
             while not bm.can_append(seq, n):
