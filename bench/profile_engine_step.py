@@ -1,7 +1,7 @@
 """Where one decode step of LLMEngine.step() spends its time: the model forward vs the host work around it.
 
     PYTHONPATH=. python3 bench/profile_engine_step.py [--batch 64] [--context 4096] [--block-size 16] \
-        [--steps 30] [--warmup 5] [--device cpu|cuda] [--size tiny] [--kv-cache-dtype auto] \
+        [--steps 30] [--warmup 5] [--device cpu|cuda] [--size tiny] [--kv-cache-dtype auto] [--auto-threshold N] \
         [--no-prefix-caching] [--stub-model] [--cprofile-steps 10] [--top 25] [--json PATH]
 
 A tiny random Llama checkpoint is made in a temporary directory. `--batch` requests of `--context`
@@ -69,9 +69,11 @@ class StepTimer:
 def build_engine(args: argparse.Namespace, model_dir: Path) -> LLMEngine:
     total = args.context + args.warmup + args.steps + args.cprofile_steps + 2
     blocks_per_seq = -(-total // args.block_size)
-    extra = {"kv_cache_dtype": args.kv_cache_dtype}
-    if args.kv_cache_dtype == "auto16":  # the default 16-bit cache without auto switching
-        extra = {}
+    extra: dict[str, Any] = {"kv_cache_dtype": args.kv_cache_dtype}
+    if args.auto_threshold is not None:  # kv_cache_dtype auto switching 16-bit / int8 blocks by batch size
+        extra["kv_quant_auto_threshold"] = args.auto_threshold
+    if args.stub_model:  # no attention layer runs, so no served output to validate
+        extra["validation_sample_rate"] = 0.0
     return LLMEngine(EngineConfig(
         model=str(model_dir), device=args.device, block_size=args.block_size,
         num_kv_blocks=args.batch * blocks_per_seq + 1, max_num_seqs=args.batch,
@@ -135,7 +137,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     parser.add_argument("--size", default="tiny", choices=["tiny", "small"])
-    parser.add_argument("--kv-cache-dtype", default="auto16", help="auto16 (16-bit, no switching), int8, fp8, auto")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="auto (the model's 16-bit dtype), int8, fp8")
+    parser.add_argument("--auto-threshold", type=int, help="kv_cache_dtype auto: switch to int8 blocks at this batch")
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--cprofile-steps", type=int, default=10)
     parser.add_argument("--top", type=int, default=25)
