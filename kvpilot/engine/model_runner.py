@@ -57,7 +57,9 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.last_sample_rows: list[tuple[int, int]] = []
         self.block_rows = BlockTableRows(rows=config.max_num_seqs)  # host mirror of the block tables
-        self._staging: dict[type, torch.Tensor] = {}  # pinned host buffers of the step's inputs (CUDA)
+        # CUDA: the step's inputs go through reused pinned host buffers (a test turns it on for a CPU)
+        self.staged_inputs = self.is_cuda
+        self._staging: dict[type, torch.Tensor] = {}
         self._copy_event: torch.cuda.Event | None = None
         self._sample_index: torch.Tensor | None = None
         self._estimated = (0, 0)  # (tokens, logit rows) of the largest CPU activation estimate so far
@@ -238,12 +240,13 @@ class ModelRunner:
     def _to_device(self, parts: list[np.ndarray], dtype: type) -> torch.Tensor:
         """One tensor on the device holding parts back to back (on CUDA: one copy from pinned memory)."""
         total = sum(p.size for p in parts)
-        if not self.is_cuda:
+        if not self.staged_inputs:
             return torch.from_numpy(np.concatenate(parts).astype(dtype, copy=False))
         staging = self._staging.get(dtype)
         if staging is None or staging.numel() < total:
             size = max(total, 2 * staging.numel() if staging is not None else 1 << 16)
-            staging = self._staging[dtype] = torch.empty(size, dtype=_TORCH_INT[dtype], pin_memory=True)
+            staging = torch.empty(size, dtype=_TORCH_INT[dtype], pin_memory=self.is_cuda)
+            self._staging[dtype] = staging
         np.concatenate(parts, out=staging.numpy()[:total], casting="unsafe")
         return staging[:total].to(self.device, non_blocking=True)
 

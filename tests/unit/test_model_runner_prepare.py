@@ -89,10 +89,18 @@ def check_prepare(engine: LLMEngine, out: SchedulerOutput) -> None:
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> LLMEngine:
+def cpu_engine(tmp_path_factory: pytest.TempPathFactory) -> LLMEngine:
     path = make_model(tmp_path_factory.mktemp("prepare") / "tiny", "llama", "tiny")
     return LLMEngine(EngineConfig(model=str(path), device="cpu", block_size=BLOCK, num_kv_blocks=4096,
                                   show_progress=False))
+
+
+@pytest.fixture(params=["direct", "staged"])
+def engine(cpu_engine: LLMEngine, request: pytest.FixtureRequest):
+    """'staged': the CUDA path's reused host buffers (unpinned here), which every step rewrites."""
+    cpu_engine.runner.staged_inputs = request.param == "staged"
+    yield cpu_engine
+    cpu_engine.runner.staged_inputs = False
 
 
 def random_seq(rng: random.Random, name: str, next_block: list[int]) -> tuple[Sequence, int]:
