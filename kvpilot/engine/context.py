@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,7 @@ class Context:
 
 
 _CONTEXT = Context()
+_TORCH_INTS = {np.int32: torch.int32, np.int64: torch.int64}
 
 
 def get_context() -> Context:
@@ -100,3 +102,52 @@ class BlockTableRows:
         self.table = np.full((rows, -(-width // 64) * 64), -1, dtype=np.int32)
         self.table[: old.shape[0], : old.shape[1]] = old
         self._free = list(range(rows - 1, old.shape[0] - 1, -1)) + self._free
+
+
+class InputStager:
+    """Moves a step's host arrays to the device as one tensor per dtype.
+
+    On CUDA (`staged`) the arrays are packed into a reused pinned buffer and copied without blocking;
+    a buffer is rewritten only once the copies queued out of it are done (normally they are: the
+    last step's sampled tokens came back to the host after them). Use `with stager:` around packs.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.staged = device.type == "cuda"  # a test turns it on for a CPU (unpinned buffers then)
+        self._buffers: dict[type, torch.Tensor] = {}
+        self._copied: torch.cuda.Event | None = None
+
+    def __enter__(self) -> InputStager:
+        if self._copied is not None:
+            self._copied.synchronize()
+            self._copied = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.device.type == "cuda":
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+
+    def pack(self, parts: list[np.ndarray], dtype: type) -> torch.Tensor:
+        """parts back to back, cast to dtype, as one 1-d tensor on the device."""
+        total = sum(p.size for p in parts)
+        if not self.staged:
+            return torch.from_numpy(np.concatenate(parts).astype(dtype, copy=False))
+        buffer = self._buffers.get(dtype)
+        if buffer is None or buffer.numel() < total:
+            size = max(total, 2 * buffer.numel() if buffer is not None else 1 << 16)
+            buffer = torch.empty(size, dtype=_TORCH_INTS[dtype], pin_memory=self.device.type == "cuda")
+            self._buffers[dtype] = buffer
+        np.concatenate(parts, out=buffer.numpy()[:total], casting="unsafe")
+        return buffer[:total].to(self.device, non_blocking=True)
+
+    @staticmethod
+    def split(flat: torch.Tensor, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
+        """Views of flat, one per shape, back to back."""
+        out, at = [], 0
+        for shape in shapes:
+            size = math.prod(shape)
+            out.append(flat[at : at + size].view(shape))
+            at += size
+        return out

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
 from kvpilot.engine.config import EngineConfig, ModelConfig
-from kvpilot.engine.context import BlockTableRows, Context, reset_context, set_context
+from kvpilot.engine.context import BlockTableRows, Context, InputStager, reset_context, set_context
 from kvpilot.engine.gqa_load import gqa_transform
 from kvpilot.engine.kv_quant_cache import allocate_quantised_kv_cache, kv_layout_for
 from kvpilot.engine.kv_strategy import served_model_config
@@ -27,8 +25,6 @@ from kvpilot.engine.models import build_model
 from kvpilot.engine.sampler import sample
 from kvpilot.engine.scheduler import SchedulerOutput
 from kvpilot.engine.sequence import Sequence
-
-_TORCH_INT = {np.int32: torch.int32, np.int64: torch.int64}
 
 
 class ModelRunner:
@@ -57,10 +53,7 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.last_sample_rows: list[tuple[int, int]] = []
         self.block_rows = BlockTableRows(rows=config.max_num_seqs)  # host mirror of the block tables
-        # CUDA: the step's inputs go through reused pinned host buffers (a test turns it on for a CPU)
-        self.staged_inputs = self.is_cuda
-        self._staging: dict[type, torch.Tensor] = {}
-        self._copy_event: torch.cuda.Event | None = None
+        self.stager = InputStager(self.device)  # the step's inputs to the device, one copy per dtype
         self._sample_index: torch.Tensor | None = None
         self._estimated = (0, 0)  # (tokens, logit rows) of the largest CPU activation estimate so far
         self.activation_peak_bytes = 0
@@ -222,10 +215,9 @@ class ModelRunner:
         self._sample_index = None  # decode-only steps sample every row in order: no gather needed
         if sample_rows and len(sample_rows) < num_tokens:
             int64_parts.append(np.array([r for _, r in sample_rows], dtype=np.int64))
-        self._wait_for_copies()
-        meta = self._split(self._to_device(int32_parts, np.int32), shapes)
-        packed64 = self._to_device(int64_parts, np.int64)
-        self._record_copies()
+        with self.stager:
+            meta = InputStager.split(self.stager.pack(int32_parts, np.int32), shapes)
+            packed64 = self.stager.pack(int64_parts, np.int64)
         ids, pos = packed64[:num_tokens], packed64[num_tokens : 2 * num_tokens]
         if len(int64_parts) == 3:
             self._sample_index = packed64[2 * num_tokens :]
@@ -236,40 +228,6 @@ class ModelRunner:
         if num_prefill < len(order):
             ctx.decode_context_lens, ctx.decode_block_tables = meta
         return ctx, ids, pos, sample_rows
-
-    def _to_device(self, parts: list[np.ndarray], dtype: type) -> torch.Tensor:
-        """One tensor on the device holding parts back to back (on CUDA: one copy from pinned memory)."""
-        total = sum(p.size for p in parts)
-        if not self.staged_inputs:
-            return torch.from_numpy(np.concatenate(parts).astype(dtype, copy=False))
-        staging = self._staging.get(dtype)
-        if staging is None or staging.numel() < total:
-            size = max(total, 2 * staging.numel() if staging is not None else 1 << 16)
-            staging = torch.empty(size, dtype=_TORCH_INT[dtype], pin_memory=self.is_cuda)
-            self._staging[dtype] = staging
-        np.concatenate(parts, out=staging.numpy()[:total], casting="unsafe")
-        return staging[:total].to(self.device, non_blocking=True)
-
-    def _wait_for_copies(self) -> None:
-        """Before the pinned buffers are rewritten, the copies queued out of them must be done (normally
-        they are: the last step's sampled tokens came back to the host after them)."""
-        if self._copy_event is not None:
-            self._copy_event.synchronize()
-            self._copy_event = None
-
-    def _record_copies(self) -> None:
-        if self.is_cuda:
-            self._copy_event = torch.cuda.Event()
-            self._copy_event.record()
-
-    @staticmethod
-    def _split(flat: torch.Tensor, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
-        out, at = [], 0
-        for shape in shapes:
-            size = math.prod(shape)
-            out.append(flat[at : at + size].view(shape))
-            at += size
-        return out
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         params = [s.params for s in seqs]

@@ -98,9 +98,9 @@ def cpu_engine(tmp_path_factory: pytest.TempPathFactory) -> LLMEngine:
 @pytest.fixture(params=["direct", "staged"])
 def engine(cpu_engine: LLMEngine, request: pytest.FixtureRequest):
     """'staged': the CUDA path's reused host buffers (unpinned here), which every step rewrites."""
-    cpu_engine.runner.staged_inputs = request.param == "staged"
+    cpu_engine.runner.stager.staged = request.param == "staged"
     yield cpu_engine
-    cpu_engine.runner.staged_inputs = False
+    cpu_engine.runner.stager.staged = False
 
 
 def random_seq(rng: random.Random, name: str, next_block: list[int]) -> tuple[Sequence, int]:
