@@ -10,10 +10,14 @@ block, the 8k-token requests that fit, then `--batch` requests of `--context` ra
 decoding `--new-tokens` tokens each; decode tokens/s counts only steps with no prefill in them.
 
 Each engine first serves an unmeasured batch of the same shape (`--warmup-tokens` tokens each), so
-Triton compiles and lazy CUDA module loads fall outside the measurement, and the first `--skip-steps`
-decode steps of the measured batch are left out too. `decode_tokens_per_s` is the batch's tokens
-over the MEDIAN decode step (`decode_tokens_per_s_mean` over the mean); per step, the GPU span of
-the model forward (CUDA events) and host = step - that span are reported as medians.
+Triton compiles and lazy CUDA module loads fall outside the measurement. Measured are the decode
+steps with all `--batch` requests running (chunked prefill admits them over many steps and the
+first admitted finish first, so only about `--new-tokens` - batch x context / 8192 steps qualify;
+raise `--new-tokens` for more), less the first `--skip-steps`. `decode_tokens_per_s` is the batch
+over the MEDIAN such step (`decode_tokens_per_s_mean` over their mean;
+`decode_tokens_per_s_all_decode_steps` is every prefill-free step, shrinking batches included, the
+old definition without compiles); per step, the GPU span of the model forward (CUDA events) and
+host = step - that span are reported as medians.
 CUDA only (the device machine).
 """
 
@@ -128,7 +132,10 @@ def run_cache(path: Path, name: str, args: argparse.Namespace) -> dict:
     add_batch(engine, args, rng, "", args.new_tokens)
     steps = run_batch(engine, span)
     stats = engine.stats()
-    measured = steps[args.skip_steps :] or steps
+    # Chunked prefill admits the batch over many steps and the early requests finish first, so only the
+    # decode steps where every request is still running measure decode at `--batch`.
+    full = [s for s in steps if s["tokens"] == args.batch]
+    measured = full[args.skip_steps :] or full or steps
     step_ms = [s["ms"] for s in measured]
     host_ms = [s["ms"] - s["forward_ms"] for s in measured]
     rates = [s["tokens"] / (s["ms"] / 1e3) for s in measured]
@@ -145,6 +152,8 @@ def run_cache(path: Path, name: str, args: argparse.Namespace) -> dict:
         "decode_forward_gpu_ms_median": statistics.median(s["forward_ms"] for s in measured),
         "decode_host_ms_median": statistics.median(host_ms),
         "decode_steps_measured": len(measured), "decode_steps_skipped": len(steps) - len(measured),
+        "decode_tokens_per_s_all_decode_steps": sum(s["tokens"] for s in steps) / max(sum(s["ms"] for s in steps) / 1e3,
+                                                                                      1e-9),
         "first_decode_step_ms": steps[0]["ms"] if steps else None,
         "warmup_first_decode_step_ms": warmup_steps[0]["ms"] if warmup_steps else None,
         "preemptions": stats["requests"]["preemptions_total"], "strategy_dtype": stats["engine"]["kv_cache_dtype"],
