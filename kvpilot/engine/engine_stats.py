@@ -49,14 +49,26 @@ class EngineStats:
 
 
 def kv_occupancy(running: list[Sequence], block_size: int) -> tuple[int, int]:
-    """(live token slots, allocated token slots) over the distinct blocks live sequences hold."""
-    filled: dict[int, int] = {}
+    """(live token slots, allocated token slots) over the distinct blocks live sequences hold.
+
+    A block shared by several sequences counts once, as filled as its fullest holder has it. Python
+    work is per sequence, not per block (set operations do the rest): a scrape at batch 64 x 4k
+    context would otherwise walk 16k blocks.
+    """
+    allocated: set[int] = set()
+    full: set[int] = set()
+    partial: dict[int, int] = {}  # the one partly filled block of each sequence
     for seq in running:
-        computed = seq.num_computed_tokens - seq.num_evicted_tokens  # the table holds the resident view
-        for i, block_id in enumerate(list(seq.block_table)):
-            n = min(max(computed - i * block_size, 0), block_size)
-            filled[block_id] = max(filled.get(block_id, 0), n)
-    return sum(filled.values()), len(filled) * block_size
+        table = seq.block_table
+        computed = max(seq.num_computed_tokens - seq.num_evicted_tokens, 0)  # the table holds the resident view
+        num_full = min(computed // block_size, len(table))
+        allocated.update(table)
+        full.update(table[:num_full])
+        if num_full < len(table) and computed > num_full * block_size:
+            block = table[num_full]
+            partial[block] = max(partial.get(block, 0), computed - num_full * block_size)
+    live = len(full) * block_size + sum(n for block, n in partial.items() if block not in full)
+    return live, len(allocated) * block_size
 
 
 def build_feed(
