@@ -4,6 +4,14 @@ One program per (sequence, KV head, context split) handles all query heads of th
 K/V tile is loaded once per group. 8-bit tiles are converted to the query dtype in registers (int8
 and e4m3 values are exact in bf16/fp16); the scales are folded in exactly in fp32: the K scale
 multiplies the scores, the V scale multiplies the probabilities before the PV product.
+
+int8 caches score with an int8 x int8 MMA by default (`int8_qk`): the query rows are quantised
+per head in the kernel (symmetric, scale amax/127, as SageAttention does for Q and K), so the K
+tile needs no conversion at all; P x V stays a 16-bit product. This adds the query's rounding to
+the scores (relative error ~7e-3 of the output on random data against ~2e-3 without it) for
+1.19x the speed (docs/benchmarks.md). The launch defaults per cache format are measured on the
+H200 (`LAUNCH`): the 8-bit kernels are latency-bound (few resident warps), not bandwidth-bound,
+so they want capped registers and more context splits than the 16-bit kernel.
 """
 
 from __future__ import annotations
@@ -45,6 +53,14 @@ def _dot_operand(raw, QUANT: tl.constexpr, FP16_DOT: tl.constexpr, DTYPE: tl.con
 
 
 @triton.jit
+def _quantize_rows_int8(q):
+    """fp32 [G, D] -> (int8 rows, fp32 per-row scale amax/127), rounding half away from zero."""
+    q_scale = tl.maximum(tl.max(tl.abs(q), axis=1), 1e-30) / 127.0
+    scaled = q / q_scale[:, None]
+    return tl.where(scaled >= 0, scaled + 0.5, scaled - 0.5).to(tl.int8), q_scale
+
+
+@triton.jit
 def _paged_decode_quant_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, part_o_ptr, part_lse_ptr,
@@ -53,7 +69,7 @@ def _paged_decode_quant_kernel(
     qk_scale_log2,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, QUANT: tl.constexpr, FP16_DOT: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, QUANT: tl.constexpr, FP16_DOT: tl.constexpr, INT8_QK: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -70,6 +86,8 @@ def _paged_decode_quant_kernel(
     heads = kvh * GROUP + offs_g
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=mask_g[:, None] & mask_d[None, :], other=0.0)
+    if INT8_QK:
+        q8, q_scale = _quantize_rows_int8(q.to(tl.float32))
     if FP16_DOT:
         q = q.to(tl.float16)
         q_sum = tl.sum(q.to(tl.float32), axis=1)
@@ -87,10 +105,14 @@ def _paged_decode_quant_kernel(
         row = (block.to(tl.int64) * PAGE + offs_n % PAGE) * NUM_KV_HEADS + kvh
         kv_off = row[:, None] * HEAD_DIM + offs_d[None, :]
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = _dot_operand(tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0), QUANT, FP16_DOT, q.dtype)
-        s = tl.dot(q, tl.trans(k))
-        if FP16_DOT and QUANT == 1:
-            s = s - INT8_FP16_OFFSET_C * q_sum[:, None]
+        if INT8_QK:
+            k8 = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0)
+            s = tl.dot(q8, tl.trans(k8), out_dtype=tl.int32).to(tl.float32) * q_scale[:, None]
+        else:
+            k = _dot_operand(tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0), QUANT, FP16_DOT, q.dtype)
+            s = tl.dot(q, tl.trans(k))
+            if FP16_DOT and QUANT == 1:
+                s = s - INT8_FP16_OFFSET_C * q_sum[:, None]
         if QUANT == 1:
             s = s * tl.load(k_scale_ptr + row, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         if QUANT == 2:
@@ -133,6 +155,16 @@ def _quant_mode(k_cache: torch.Tensor, q: torch.Tensor) -> int:
     return QUANT_NONE
 
 
+# Launch defaults per cache format, from the H200 sweeps in docs/benchmarks.md ("8-bit decode"):
+# (block_n, num_warps, register cap per thread, waves of programs the context splits aim for,
+#  fp16 dots, int8 x int8 scores).
+LAUNCH = {
+    QUANT_NONE: (64, 4, None, 2, False, False),
+    QUANT_INT8: (128, 4, 128, 4, True, True),
+    QUANT_FP8: (64, 2, None, 16, True, False),
+}
+
+
 def paged_attention_decode_quant_triton(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -144,15 +176,20 @@ def paged_attention_decode_quant_triton(
     scale: float,
     num_splits: int | None = None,
     block_n: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     num_stages: int | None = None,
-    fp16_dots: bool = False,
+    fp16_dots: bool | None = None,
+    int8_qk: bool | None = None,
+    maxnreg: int | None = None,
 ) -> torch.Tensor:
     """q [B, Hq, D] at position context_lens[b]-1 over an int8/fp8 (or 16-bit, scales None) paged cache.
 
-    fp16_dots (8-bit caches only): run both products in fp16 (q converted once per program), with
+    Arguments left None take the measured defaults of `LAUNCH` for the cache format.
+    fp16_dots (8-bit caches only): run the products in fp16 (q converted once per program), with
     int8 tiles widened by `_int8_as_fp16` and fp8 by the hardware e4m3->f16 conversion, instead of
-    converting every tile to bf16 through fp32. Not yet measured on the GPU (docs/benchmarks.md).
+    converting every tile to bf16 through fp32. int8_qk (int8 caches only): scores by an int8 MMA
+    against a per-head int8 quantisation of q (see the module docstring); False keeps q exact.
+    maxnreg caps registers per thread on CUDA (more resident programs per SM).
     """
     tensors = [t for t in (q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens) if t is not None]
     check_triton_device(*tensors)
@@ -179,11 +216,15 @@ def paged_attention_decode_quant_triton(
     assert block_tables.stride(1) == 1, "block_tables rows must be contiguous"
     assert context_lens.dtype == torch.int32 and context_lens.shape == (batch,)
     group = num_heads // num_kv_heads
-    if block_n is None:
-        # measured on H200 (docs/benchmarks.md): 8-bit tiles want twice the tokens per step
-        block_n = 64 if quant == QUANT_NONE else 128
+    d_block_n, d_warps, d_maxnreg, waves, d_fp16, d_int8_qk = LAUNCH[quant]
+    block_n = d_block_n if block_n is None else block_n
+    maxnreg = d_maxnreg if maxnreg is None else maxnreg
+    num_warps = d_warps if num_warps is None else num_warps
+    fp16_dots = d_fp16 if fp16_dots is None else fp16_dots
+    int8_qk = d_int8_qk if int8_qk is None else int8_qk
+    assert not int8_qk or quant == QUANT_INT8, "int8_qk needs an int8 cache"
     if num_splits is None:
-        num_splits = default_num_splits(batch * num_kv_heads, q.device)
+        num_splits = default_num_splits(batch * num_kv_heads, q.device, waves=waves)
     out = torch.empty_like(q)
     if batch == 0:
         return out
@@ -194,6 +235,8 @@ def paged_attention_decode_quant_triton(
         part_o = part_lse = out
     k_s = k_scale if k_scale is not None else k_cache
     stages = {} if num_stages is None else {"num_stages": num_stages}
+    if maxnreg and q.is_cuda:
+        stages["maxnreg"] = maxnreg
     v_s = v_scale if v_scale is not None else v_cache
     _paged_decode_quant_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, k_s, v_s, block_tables, context_lens, out, part_o, part_lse,
@@ -203,7 +246,7 @@ def paged_attention_decode_quant_triton(
         scale * LOG2E,
         NUM_KV_HEADS=num_kv_heads, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), PAGE=page, BLOCK_N=block_n,
-        NUM_SPLITS=num_splits, QUANT=quant, FP16_DOT=fp16_dots and quant != QUANT_NONE,
+        NUM_SPLITS=num_splits, QUANT=quant, FP16_DOT=fp16_dots and quant != QUANT_NONE, INT8_QK=int8_qk,
         num_warps=num_warps, **stages,
     )
     if num_splits > 1:

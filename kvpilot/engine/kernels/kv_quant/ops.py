@@ -42,9 +42,13 @@ def paged_attention_decode_quant(
     context_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """One query per sequence q [B, Hq, D] over an int8/fp8 paged cache, dequantised in-kernel."""
+    """One query per sequence q [B, Hq, D] over an int8/fp8 paged cache, dequantised in-kernel.
+
+    int8 caches score against the int8-rounded query on both backends (the kernel's default).
+    """
     if backend_for(q) == "triton":
         from kvpilot.engine.kernels.kv_quant.decode import paged_attention_decode_quant_triton
 
         return paged_attention_decode_quant_triton(q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, scale)
-    return paged_attention_decode_quant_reference(q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, scale)
+    return paged_attention_decode_quant_reference(q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, scale,
+                                                  int8_qk=k_cache.dtype == torch.int8)

@@ -100,6 +100,15 @@ def attend_fp32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float)
     return torch.einsum("hn,nhd->hd", scores.softmax(dim=-1), v)
 
 
+def quantize_query_int8(q: torch.Tensor) -> torch.Tensor:
+    """q [..., D] rounded as the int8-score decode kernel does (per row, scale amax/127, half away
+    from zero), returned dequantised in fp32: the query the int8 x int8 scores actually see."""
+    qf = q.float()
+    q_scale = qf.abs().amax(dim=-1).clamp_min(1e-30) / INT8_MAX
+    scaled = qf / q_scale[..., None]
+    return torch.trunc(scaled + 0.5 * torch.sign(scaled)).clamp(-INT8_MAX, INT8_MAX) * q_scale[..., None]
+
+
 def paged_attention_decode_quant_reference(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -109,13 +118,18 @@ def paged_attention_decode_quant_reference(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    int8_qk: bool = False,
 ) -> torch.Tensor:
-    """q [B, Hq, D]: each sequence's one query over its dequantised 8-bit paged context, fp32 math."""
+    """q [B, Hq, D]: each sequence's one query over its dequantised 8-bit paged context, fp32 math.
+
+    int8_qk: the scores use `quantize_query_int8(q)` (int8 caches), as the Triton kernel's default.
+    """
     out = torch.empty_like(q)
+    q_scores = quantize_query_int8(q) if int8_qk else q
     for b, context_len in enumerate(context_lens.tolist()):
         k = gather_dequantized(k_cache, k_scale, block_tables[b], context_len)
         v = gather_dequantized(v_cache, v_scale, block_tables[b], context_len)
-        out[b] = attend_fp32(q[b], k, v, scale).to(q.dtype)
+        out[b] = attend_fp32(q_scores[b], k, v, scale).to(q.dtype)
     return out
 
 

@@ -47,9 +47,9 @@ def split_reduce(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor
     )
 
 
-def default_num_splits(num_programs: int, device: torch.device, max_splits: int = 16) -> int:
-    """Enough context splits for about two waves of programs on the device (1 on CPU)."""
+def default_num_splits(num_programs: int, device: torch.device, max_splits: int = 16, waves: int = 2) -> int:
+    """Enough context splits for about `waves` programs per SM on the device (1 on CPU)."""
     if device.type != "cuda":
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(max_splits, -(-2 * sms // max(1, num_programs))))
+    return max(1, min(max_splits, -(-waves * sms // max(1, num_programs))))
