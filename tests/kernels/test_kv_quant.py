@@ -233,3 +233,16 @@ def test_ops_dispatch_between_triton_and_torch(monkeypatch: pytest.MonkeyPatch) 
         ops.store_kvcache_quant(keys[0], values[0], *caches, slots_for(tables[0], 20))
         outs[backend] = ops.paged_attention_decode_quant(q, *caches, tables, context, 0.25)
     assert rel_err(outs["triton"], outs["torch"]) < 1e-3  # the kernel multiplies P x V in fp16
+
+
+def test_int8_scores_need_head_dim_32() -> None:
+    """Below head dim 32 (no int8 MMA) both backends keep the exact query; asking for int8 scores is an error."""
+    from kvpilot.engine.kernels.kv_quant.qk_policy import int8_scores
+
+    assert int8_scores(torch.int8, 32) and not int8_scores(torch.int8, 16) and not int8_scores(ref.FP8_DTYPE, 128)
+    k_cache, v_cache, k_scale, v_scale, tables, _, _ = make_quant_batch("int8", [5], 2, 16)
+    with pytest.raises(AssertionError, match="head_dim >= 32"):
+        paged_attention_decode_quant_triton(
+            torch.randn(1, 4, 16), k_cache, v_cache, k_scale, v_scale, tables, torch.tensor([5], dtype=torch.int32),
+            0.25, int8_qk=True,
+        )

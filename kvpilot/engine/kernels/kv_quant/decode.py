@@ -22,6 +22,7 @@ import triton.language as tl
 
 from kvpilot.engine.kernels.dispatch import check_triton_device
 from kvpilot.engine.kernels.interpreter_compat import patch_interpreter
+from kvpilot.engine.kernels.kv_quant.qk_policy import INT8_QK_MIN_HEAD_DIM, int8_scores
 from kvpilot.engine.kernels.kv_quant.reference import FP8_DTYPE
 from kvpilot.engine.kernels.kv_quant.split_reduce import default_num_splits, split_reduce
 
@@ -221,8 +222,10 @@ def paged_attention_decode_quant_triton(
     maxnreg = d_maxnreg if maxnreg is None else maxnreg
     num_warps = d_warps if num_warps is None else num_warps
     fp16_dots = d_fp16 if fp16_dots is None else fp16_dots
-    int8_qk = d_int8_qk if int8_qk is None else int8_qk
-    assert not int8_qk or quant == QUANT_INT8, "int8_qk needs an int8 cache"
+    int8_qk = d_int8_qk and int8_scores(k_cache.dtype, head_dim) if int8_qk is None else int8_qk
+    assert not int8_qk or int8_scores(k_cache.dtype, head_dim), (
+        f"int8_qk needs an int8 cache and head_dim >= {INT8_QK_MIN_HEAD_DIM}, got {k_cache.dtype}, {head_dim}"
+    )
     if num_splits is None:
         num_splits = default_num_splits(batch * num_kv_heads, q.device, waves=waves)
     out = torch.empty_like(q)

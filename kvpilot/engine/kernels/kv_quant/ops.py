@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from kvpilot.engine.kernels.dispatch import backend_for
+from kvpilot.engine.kernels.kv_quant.qk_policy import int8_scores
 from kvpilot.engine.kernels.kv_quant.reference import (
     paged_attention_decode_quant_reference,
     store_kvcache_quant_reference,
@@ -51,4 +52,4 @@ def paged_attention_decode_quant(
 
         return paged_attention_decode_quant_triton(q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, scale)
     return paged_attention_decode_quant_reference(q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, scale,
-                                                  int8_qk=k_cache.dtype == torch.int8)
+                                                  int8_qk=int8_scores(k_cache.dtype, q.shape[-1]))
