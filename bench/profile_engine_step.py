@@ -10,7 +10,7 @@ random prompt tokens are put straight into the running batch with their prompts 
 CPU it would take minutes), so every measured step is a pure decode step whose block tables are
 batch x context/block_size wide. After `--warmup` steps (JIT compiles, caches), `--steps` steps are
 timed: per step the wall time of step(), the time inside the model (forward and compute_logits,
-with a device synchronise around them on CUDA, so there it is the GPU time), the time in sampling
+with a device synchronise around them on CUDA, so there it is their launches plus GPU time), the time in sampling
 (same), and host = step - model - sampling: scheduler, block manager, building the step's tensors,
 postprocess, stats, runtime-check hooks. Median and mean are printed, then a cProfile of
 `--cprofile-steps` more steps (cProfile inflates Python-heavy code; read it for where, not how much).
