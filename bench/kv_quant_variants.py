@@ -270,6 +270,94 @@ def decode_native(q, k, v, ks, vs, tables, ctx_lens, *, block_n, splits, warps, 
     return out
 
 
+@triton.jit
+def _tile_int8(k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, b, kvh, n0, end, stride_bt, s_blk, s_tok, s_head,
+               ss_blk, ss_tok, ss_head, offs_d, PAGE_: tl.constexpr, BLOCK_N: tl.constexpr):
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < end
+    blk = tl.load(bt_ptr + b * stride_bt + offs_n // PAGE_, mask=mask_n, other=0).to(tl.int64)
+    tok = offs_n % PAGE_
+    row = blk * s_blk + tok * s_tok + kvh * s_head
+    srow = blk * ss_blk + tok * ss_tok + kvh * ss_head
+    k = tl.load(k_ptr + row[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0)
+    v = tl.load(v_ptr + row[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0)
+    ksc = tl.load(ks_ptr + srow, mask=mask_n, other=0.0)
+    vsc = tl.load(vs_ptr + srow, mask=mask_n, other=0.0)
+    return k, v, ksc, vsc, mask_n
+
+
+@triton.jit
+def _prefetch_kernel(
+    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, ctx_ptr, out_ptr, po_ptr, pl_ptr,
+    stride_bt, s_blk, s_tok, s_head, ss_blk, ss_tok, ss_head, qk_scale_log2,
+    HKV_: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D_: tl.constexpr, PAGE_: tl.constexpr,
+    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+):
+    """int8 scores + fp16 P x V, with the next tile's K/V/scales loaded before the current tile's math."""
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    num_heads = HKV_ * GROUP
+    ctx = tl.load(ctx_ptr + b)
+    per = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * per
+    end = tl.minimum(start + per, ctx)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, D_)
+    mask_g = offs_g < GROUP
+    heads = kvh * GROUP + offs_g
+    q = tl.load(q_ptr + (b * num_heads + heads[:, None]) * D_ + offs_d[None, :], mask=mask_g[:, None], other=0.0)
+    q = q.to(tl.float32)
+    q_scale = tl.maximum(tl.max(tl.abs(q), axis=1), 1e-30) / 127.0
+    qs = q / q_scale[:, None]
+    q8 = tl.where(qs >= 0, qs + 0.5, qs - 0.5).to(tl.int8)
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, D_], tl.float32)
+    k, v, ksc, vsc, mask_n = _tile_int8(k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, b, kvh, start, end, stride_bt, s_blk,
+                                        s_tok, s_head, ss_blk, ss_tok, ss_head, offs_d, PAGE_, BLOCK_N)
+    for n0 in range(start, end, BLOCK_N):
+        k_n, v_n, ksc_n, vsc_n, mask_nn = _tile_int8(k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, b, kvh, n0 + BLOCK_N, end,
+                                                     stride_bt, s_blk, s_tok, s_head, ss_blk, ss_tok, ss_head, offs_d,
+                                                     PAGE_, BLOCK_N)
+        s = tl.dot(q8, tl.trans(k), out_dtype=tl.int32).to(tl.float32) * q_scale[:, None] * ksc[None, :]
+        s = tl.where(mask_n[None, :], s * qk_scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p16 = (p * vsc[None, :]).to(tl.float16)
+        v16 = (v.to(tl.uint8, bitcast=True).to(tl.uint16) ^ 0x6480).to(tl.float16, bitcast=True)
+        pv = tl.dot(p16, v16) - OFFSET * tl.sum(p16.to(tl.float32), axis=1)[:, None]
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+        k, v, ksc, vsc, mask_n = k_n, v_n, ksc_n, vsc_n, mask_nn
+    out = acc / tl.maximum(l_i, 1e-30)[:, None]
+    if NUM_SPLITS == 1:
+        tl.store(out_ptr + (b * num_heads + heads[:, None]) * D_ + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=mask_g[:, None])
+    else:
+        lse = tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))
+        rows = (b * num_heads + heads) * NUM_SPLITS + split
+        tl.store(po_ptr + rows[:, None] * D_ + offs_d[None, :], out, mask=mask_g[:, None])
+        tl.store(pl_ptr + rows, lse, mask=mask_g)
+
+
+def decode_prefetch(q, k, v, ks, vs, tables, ctx_lens, *, block_n, splits, warps, maxnreg=None):
+    batch = q.shape[0]
+    out = torch.empty_like(q)
+    po = torch.empty(batch, HQ, splits, D, device=q.device, dtype=torch.float32)
+    pl = torch.empty(batch, HQ, splits, device=q.device, dtype=torch.float32)
+    kw = {"maxnreg": maxnreg} if maxnreg else {}
+    _prefetch_kernel[(batch, HKV, splits)](
+        q, k, v, ks, vs, tables, ctx_lens, out, po, pl, tables.stride(0), k.stride(0), k.stride(1), k.stride(2),
+        ks.stride(0), ks.stride(1), ks.stride(2), D**-0.5 * LOG2E, HKV_=HKV, GROUP=HQ // HKV, BLOCK_G=16, D_=D,
+        PAGE_=PAGE, BLOCK_N=block_n, NUM_SPLITS=splits, num_warps=warps, **kw)
+    if splits > 1:
+        split_reduce(po, pl, out)
+    return out
+
+
 def to_layout(cache: torch.Tensor, layout: str) -> torch.Tensor:
     """A [blocks, page, Hkv, ...] tensor as the same logical view over the given physical layout."""
     if layout == "token":
@@ -342,6 +430,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--ctx", type=int, default=8192)
     parser.add_argument("--json")
+    parser.add_argument("--prefetch", action="store_true", help="int8: next tile loaded before this tile's math")
     parser.add_argument("--occupancy", action="store_true", help="sweep splits/tile/warps/register caps")
     parser.add_argument("--native", action="store_true", help="sweep the 8-bit-MMA variants only")
     args = parser.parse_args()
@@ -350,6 +439,8 @@ def main() -> None:
         return native_sweep(args, gen)
     if args.occupancy:
         return occupancy_sweep(args, gen)
+    if args.prefetch:
+        return prefetch_sweep(args, gen)
     rows: list[dict] = []
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
@@ -476,6 +567,33 @@ def occupancy_sweep(args: argparse.Namespace, gen: torch.Generator) -> None:
         for r in sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["us"])[:12]:
             print({a: (round(b, 4) if isinstance(b, float) else b) for a, b in r.items()}, flush=True)
         torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+def prefetch_sweep(args: argparse.Namespace, gen: torch.Generator) -> None:
+    from kvpilot.engine.kernels.kv_quant.decode import paged_attention_decode_quant_triton as lib
+
+    k, v, ks, vs, tables = make(args.batch, args.ctx, "int8", gen)
+    q = torch.randn(args.batch, HQ, D, device="cuda", dtype=torch.bfloat16)
+    ctx_lens = torch.full((args.batch,), args.ctx, dtype=torch.int32, device="cuda")
+    want = reference(q[:2], k, v, ks, vs, tables[:2], ctx_lens[:2])
+    rows = [{"what": "library default", "us": do_bench(lambda: lib(q, k, v, ks, vs, tables, ctx_lens, D**-0.5),
+                                                      warmup=5, rep=50) * 1e3}]
+    print(rows[-1], flush=True)
+    for block_n, warps, splits, maxnreg in itertools.product((64, 128), (2, 4), (2, 4, 8), (None, 168)):
+        kw = dict(block_n=block_n, splits=splits, warps=warps, maxnreg=maxnreg)
+        try:
+            sub = decode_prefetch(q[:2], k, v, ks, vs, tables[:2], ctx_lens[:2], **kw)
+            err = float((sub.float() - want).norm() / want.norm())
+            ms = do_bench(lambda: decode_prefetch(q, k, v, ks, vs, tables, ctx_lens, **kw), warmup=5, rep=50)
+        except Exception as exc:
+            print(f"prefetch {kw} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
+            continue
+        rows.append({"what": "prefetch", **kw, "us": ms * 1e3, "rel_err": err})
+    for r in sorted(rows, key=lambda r: r["us"])[:10]:
+        print({a: (round(b, 4) if isinstance(b, float) else b) for a, b in r.items()}, flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
