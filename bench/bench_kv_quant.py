@@ -92,12 +92,21 @@ def bench_case(batch: int, ctx: int, mode: str, gen: torch.Generator, base_decod
     return rows
 
 
-SWEEP = [  # (block_n, num_splits, num_warps, num_stages, fp16_dots); None = Triton's default stages
-    (64, 1, 4, None, False), (128, 1, 4, None, False), (128, 1, 8, None, False), (256, 1, 8, None, False),
-    (64, 2, 4, None, False), (128, 2, 4, None, False), (64, 4, 4, None, False), (64, 1, 4, 2, False),
-    (128, 1, 4, 2, False), (128, 2, 8, 2, False),
-    (64, 1, 4, None, True), (128, 1, 4, None, True), (128, 2, 4, None, True),
-]
+# (block_n, num_splits, num_warps, num_stages, fp16_dots, int8_qk, maxnreg); None = the kernel's default,
+# maxnreg 0 = no register cap
+SWEEP = {
+    "bf16": [(None, None, None, None, None, None, None), (64, 1, 4, None, False, False, None),
+             (128, 1, 8, None, False, False, None)],
+    "int8": [(None, None, None, None, None, None, None), (128, 2, 4, None, True, True, 0),
+             (128, 2, 4, 2, True, True, 0), (128, 2, 4, 2, True, True, 168), (128, 4, 4, 2, True, True, 168),
+             (64, 4, 4, None, True, True, 0), (64, 4, 4, 3, True, True, 128), (64, 8, 2, None, True, True, 0),
+             (128, 2, 8, None, True, True, 0), (256, 2, 8, None, True, True, 0),
+             (128, 2, 4, None, True, False, 128), (128, 2, 4, None, False, False, 0)],
+    "fp8": [(None, None, None, None, None, None, None), (64, 8, 4, None, True, False, None),
+            (128, 4, 4, None, True, False, 128), (128, 4, 2, None, True, False, None), (64, 8, 2, 2, True, False, None),
+            (32, 8, 2, None, True, False, None), (64, 4, 2, None, True, False, None),
+            (64, 8, 2, None, False, False, None)],
+}
 
 
 def sweep_mode(batch: int, ctx: int, mode: str, gen: torch.Generator) -> list[dict]:
@@ -105,17 +114,21 @@ def sweep_mode(batch: int, ctx: int, mode: str, gen: torch.Generator) -> list[di
     q = torch.randn(batch, HQ, D, device="cuda", dtype=torch.bfloat16)
     ctx_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     total = 2 * batch * ctx * HKV * D * k.element_size() + (2 * batch * ctx * HKV * 4 if mode == "int8" else 0)
+    want = (_dense_reference(q[:2], k, v, tables[:2], ctx_lens[:2]) if ks is None else
+            ref.paged_attention_decode_quant_reference(q[:2].float(), k, v, ks, vs, tables[:2], ctx_lens[:2], D**-0.5))
     rows = []
-    for block_n, splits, warps, stages, fp16 in SWEEP if mode != "bf16" else SWEEP[:3]:
+    for block_n, splits, warps, stages, fp16, int8_qk, maxnreg in SWEEP[mode]:
+        kw = dict(num_splits=splits, block_n=block_n, num_warps=warps, num_stages=stages, fp16_dots=fp16,
+                  int8_qk=int8_qk, maxnreg=maxnreg)
         try:
-            ms = do_bench(lambda n=block_n, s=splits, w=warps, st=stages, f=fp16: paged_attention_decode_quant_triton(
-                q, k, v, ks, vs, tables, ctx_lens, D**-0.5, num_splits=s, block_n=n, num_warps=w, num_stages=st,
-                fp16_dots=f), warmup=10, rep=100)
+            got = paged_attention_decode_quant_triton(q[:2], k, v, ks, vs, tables[:2], ctx_lens[:2], D**-0.5, **kw)
+            err = float((got.float() - want).norm() / want.norm())
+            ms = do_bench(lambda kw=kw: paged_attention_decode_quant_triton(
+                q, k, v, ks, vs, tables, ctx_lens, D**-0.5, **kw), warmup=10, rep=100)
         except Exception as exc:
-            print(f"sweep {mode} {block_n, splits, warps, stages, fp16} failed: {type(exc).__name__}")
+            print(f"sweep {mode} {kw} failed: {type(exc).__name__}: {exc}"[:300])
             continue
-        rows.append({"mode": mode, "block_n": block_n, "splits": splits, "warps": warps, "stages": stages,
-                     "fp16_dots": fp16, "us": ms * 1e3, "GB/s": total / ms / 1e6})
+        rows.append({"mode": mode, **kw, "us": ms * 1e3, "GB/s": total / ms / 1e6, "rel_err": err})
     return rows
 
 
@@ -126,11 +139,12 @@ def sweep(batch: int, ctx: int, gen: torch.Generator) -> list[dict]:
         rows += sweep_mode(batch, ctx, mode, gen)
         torch.cuda.empty_cache()
     print(f"sweep at batch {batch}, ctx {ctx}:")
-    print("| cache | block_n | splits | warps | stages | fp16 dots | us | GB/s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| cache | block_n | splits | warps | stages | fp16 dots | int8 scores | maxnreg | us | GB/s | rel err |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['mode']} | {r['block_n']} | {r['splits']} | {r['warps']} | {r['stages'] or 'default'} | "
-              f"{r['fp16_dots']} | {r['us']:.1f} | {r['GB/s']:.0f} |")
+        cells = [r[c] for c in ("block_n", "num_splits", "num_warps", "num_stages", "fp16_dots", "int8_qk", "maxnreg")]
+        print(f"| {r['mode']} | " + " | ".join("default" if c is None else str(c) for c in cells)
+              + f" | {r['us']:.1f} | {r['GB/s']:.0f} | {r['rel_err']:.1e} |")
     return rows
 
 

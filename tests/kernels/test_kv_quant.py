@@ -246,3 +246,27 @@ def test_int8_scores_need_head_dim_32() -> None:
             torch.randn(1, 4, 16), k_cache, v_cache, k_scale, v_scale, tables, torch.tensor([5], dtype=torch.int32),
             0.25, int8_qk=True,
         )
+
+
+@pytest.mark.parametrize("mode", ["int8", "fp8"])
+@pytest.mark.parametrize(("page", "block_n"), [(8, 16), (8, 64), (32, 16), (32, 64)])
+def test_decode_tiles_across_and_within_blocks(mode: str, page: int, block_n: int, monkeypatch) -> None:
+    """A tile gathers runs of tokens per paged block: tiles spanning several blocks and tiles inside one."""
+    import sys
+
+    monkeypatch.setattr(sys.modules[__name__], "PAGE", page)
+    lens, hkv, group, dim = [3, 40, 129], 2, 4, 32
+    k_cache, v_cache, k_scale, v_scale, tables, _, _ = make_quant_batch(mode, lens, hkv, dim, seed=page + block_n)
+    assert k_cache.shape[1] == page
+    q = torch.randn(len(lens), hkv * group, dim, generator=torch.Generator().manual_seed(5))
+    context = torch.tensor(lens, dtype=torch.int32)
+    for int8_qk in (False, True) if mode == "int8" else (False,):
+        want = ref.paged_attention_decode_quant_reference(
+            q, k_cache, v_cache, k_scale, v_scale, tables, context, 0.2, int8_qk=int8_qk
+        )
+        for splits in (1, 3):
+            got = paged_attention_decode_quant_triton(
+                q, k_cache, v_cache, k_scale, v_scale, tables, context, 0.2, num_splits=splits, block_n=block_n,
+                fp16_dots=False, int8_qk=int8_qk,
+            )
+            assert rel_err(got, want) < 1e-5
