@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench
 
+from bench.bench_kv_quant import make_cache as make
 from kvpilot.engine.kernels.kv_quant import reference as ref
 from kvpilot.engine.kernels.kv_quant.split_reduce import split_reduce
 
@@ -396,22 +397,47 @@ def bytes_only(k, v, tables, ctx_lens, *, block_n, splits, warps):
     return out
 
 
-def make(batch: int, ctx: int, mode: str, gen: torch.Generator):
-    nb = batch * ctx // PAGE
-    tables = torch.randperm(nb, generator=gen).to(torch.int32).view(batch, ctx // PAGE).cuda()
-    shape = (nb, PAGE, HKV, D)
-    k16 = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
-    v16 = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
-    if mode == "bf16":
-        return k16, v16, None, None, tables
-    if mode == "int8":
-        kq, ks = ref.quantize_int8(k16.view(-1, HKV, D))
-        vq, vs = ref.quantize_int8(v16.view(-1, HKV, D))
-        return kq.view(shape), vq.view(shape), ks.view(shape[:3]), vs.view(shape[:3]), tables
-    ks = ref.calibrate_fp8_scale(k16.view(-1, HKV, D)[:4096])
-    vs = ref.calibrate_fp8_scale(v16.view(-1, HKV, D)[:4096])
-    return (ref.quantize_fp8(k16.view(-1, HKV, D), ks).view(shape), ref.quantize_fp8(v16.view(-1, HKV, D), vs).view(shape),
-            ks, vs, tables)
+def problem(args: argparse.Namespace, mode: str, gen: torch.Generator) -> dict:
+    """One cache format's timing problem: caches, tables, q, lengths, bytes to read, reference for 2 rows."""
+    k, v, ks, vs, tables = make(args.batch, args.ctx, mode, gen)
+    q = torch.randn(args.batch, HQ, D, device="cuda", dtype=torch.bfloat16)
+    ctx_lens = torch.full((args.batch,), args.ctx, dtype=torch.int32, device="cuda")
+    kv_bytes = 2 * k.numel() * k.element_size() + (2 * ks.numel() * 4 if mode == "int8" else 0)
+    want = reference(q[:2], k, v, ks, vs, tables[:2], ctx_lens[:2])
+    return {"k": k, "v": v, "ks": ks, "vs": vs, "tables": tables, "q": q, "ctx_lens": ctx_lens,
+            "kv_bytes": kv_bytes, "want": want}
+
+
+def time_case(pr: dict, fn, kw: dict) -> dict:
+    """Check fn(q, k, v, ks, vs, tables, ctx_lens, **kw) on two rows against the reference, then time it."""
+    args = (pr["k"], pr["v"], pr["ks"], pr["vs"])
+    sub = fn(pr["q"][:2], *args, pr["tables"][:2], pr["ctx_lens"][:2], **kw)
+    err = float((sub.float() - pr["want"]).norm() / pr["want"].norm())
+    ms = do_bench(lambda: fn(pr["q"], *args, pr["tables"], pr["ctx_lens"], **kw), warmup=5, rep=50)
+    return {**kw, "us": ms * 1e3, "GB/s": pr["kv_bytes"] / ms / 1e6, "rel_err": err}
+
+
+def run_cases(pr: dict, mode: str, cases: list) -> list[dict]:
+    """Time each (name, fn, kwargs) case on one problem; a case that fails to compile or run is reported and skipped."""
+    rows = []
+    for name, fn, kw in cases:
+        try:
+            rows.append({"mode": mode, "what": name, **time_case(pr, fn, kw)})
+        except Exception as exc:
+            print(f"{mode} {name} {kw} failed: {type(exc).__name__}: {exc}"[:400], flush=True)
+    print_best(rows, 12)
+    return rows
+
+
+def dump(args: argparse.Namespace, rows: list[dict]) -> None:
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+def print_best(rows: list[dict], n: int) -> None:
+    for r in sorted(rows, key=lambda r: r["us"])[:n]:
+        print({a: (round(b, 4) if isinstance(b, float) else b) for a, b in r.items()}, flush=True)
 
 
 def reference(q, k, v, ks, vs, tables, ctx_lens):
@@ -501,102 +527,53 @@ def main() -> None:
 def native_sweep(args: argparse.Namespace, gen: torch.Generator) -> None:
     from kvpilot.engine.kernels.kv_quant.decode import paged_attention_decode_quant_triton as lib
 
+    def library(q, k, v, ks, vs, tables, ctx_lens, **kw):
+        return lib(q, k, v, ks, vs, tables, ctx_lens, D**-0.5, **kw)
+
     rows: list[dict] = []
     for mode in ("bf16", "int8", "fp8"):
-        k, v, ks, vs, tables = make(args.batch, args.ctx, mode, gen)
-        q = torch.randn(args.batch, HQ, D, device="cuda", dtype=torch.bfloat16)
-        ctx_lens = torch.full((args.batch,), args.ctx, dtype=torch.int32, device="cuda")
-        kv_bytes = 2 * k.numel() * k.element_size() + (2 * ks.numel() * 4 if mode == "int8" else 0)
-        want = reference(q[:2], k, v, ks, vs, tables[:2], ctx_lens[:2])
-        cases = [("library default", {}, lambda **kw: lib(q, k, v, ks, vs, tables, ctx_lens, D**-0.5))]
+        pr = problem(args, mode, gen)
+        cases = [("library default", library, {})]
         if mode != "bf16":
-            cases.append(("library fp16_dots 2 splits", {}, lambda **kw: lib(
-                q, k, v, ks, vs, tables, ctx_lens, D**-0.5, fp16_dots=True, num_splits=2)))
+            cases.append(("library fp16_dots 2 splits", library, {"fp16_dots": True, "num_splits": 2}))
             for block_n, splits, stages, kt, pv_t, pv8 in itertools.product(
                     (64, 128), (1, 2), (None, 3), (False, True), (False, True), (False, True)):
                 if pv8 and mode == "int8":
                     continue
                 kw = dict(block_n=block_n, splits=splits, warps=4, stages=stages, kt=kt, pv_t=pv_t, pv8=pv8)
-                cases.append(("native", kw, lambda **kw: decode_native(q, k, v, ks, vs, tables, ctx_lens, **kw)))
-        for name, kw, fn in cases:
-            try:
-                sub = fn(**kw)[:2]
-                err = float((sub.float() - want).norm() / want.norm())
-                ms = do_bench(lambda: fn(**kw), warmup=5, rep=50)
-            except Exception as exc:
-                print(f"{mode} {name} {kw} failed: {type(exc).__name__}: {exc}"[:400], flush=True)
-                continue
-            rows.append({"mode": mode, "what": name, **kw, "us": ms * 1e3, "GB/s": kv_bytes / ms / 1e6, "rel_err": err})
-        for r in sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["us"])[:12]:
-            print({a: (round(b, 4) if isinstance(b, float) else b) for a, b in r.items()}, flush=True)
+                cases.append(("native", decode_native, kw))
+        rows += run_cases(pr, mode, cases)
         torch.cuda.empty_cache()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    dump(args, rows)
 
 
 def occupancy_sweep(args: argparse.Namespace, gen: torch.Generator) -> None:
     """Grid size (splits) against registers per thread (tile, warps, maxnreg): the 8-bit kernel is latency-bound."""
     rows: list[dict] = []
     for mode in ("bf16", "int8", "fp8"):
-        k, v, ks, vs, tables = make(args.batch, args.ctx, mode, gen)
-        q = torch.randn(args.batch, HQ, D, device="cuda", dtype=torch.bfloat16)
-        ctx_lens = torch.full((args.batch,), args.ctx, dtype=torch.int32, device="cuda")
-        kv_bytes = 2 * k.numel() * k.element_size() + (2 * ks.numel() * 4 if mode == "int8" else 0)
-        want = reference(q[:2], k, v, ks, vs, tables[:2], ctx_lens[:2])
+        pr = problem(args, mode, gen)
         cases = []
         for block_n, warps, splits, maxnreg in itertools.product((32, 64, 128), (2, 4, 8), (1, 2, 4, 8), (None, 128)):
             if block_n * 128 // (warps * 32) < 16:
                 continue
-            cases.append(("variant", dict(block_n=block_n, splits=splits, warps=warps, stages=None, fp16=mode != "bf16",
-                                          kt=False, maxnreg=maxnreg)))
+            cases.append(("variant", decode_variant, dict(block_n=block_n, splits=splits, warps=warps, stages=None,
+                                                          fp16=mode != "bf16", kt=False, maxnreg=maxnreg)))
         if mode == "int8":
             for block_n, warps, splits, maxnreg in itertools.product((64, 128), (4, 8), (1, 2, 4, 8), (None, 128)):
-                cases.append(("native", dict(block_n=block_n, splits=splits, warps=warps, stages=None, kt=False,
-                                             pv_t=False, pv8=False, maxnreg=maxnreg)))
-        for name, kw in cases:
-            fn = decode_variant if name == "variant" else decode_native
-            try:
-                sub = fn(q[:2], k, v, ks, vs, tables[:2], ctx_lens[:2], **kw)
-                err = float((sub.float() - want).norm() / want.norm())
-                ms = do_bench(lambda fn=fn, kw=kw: fn(q, k, v, ks, vs, tables, ctx_lens, **kw), warmup=5, rep=50)
-            except Exception as exc:
-                print(f"{mode} {name} {kw} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
-                continue
-            rows.append({"mode": mode, "what": name, **kw, "us": ms * 1e3, "GB/s": kv_bytes / ms / 1e6, "rel_err": err})
-        for r in sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["us"])[:12]:
-            print({a: (round(b, 4) if isinstance(b, float) else b) for a, b in r.items()}, flush=True)
+                cases.append(("native", decode_native, dict(block_n=block_n, splits=splits, warps=warps, stages=None,
+                                                            kt=False, pv_t=False, pv8=False, maxnreg=maxnreg)))
+        rows += run_cases(pr, mode, cases)
         torch.cuda.empty_cache()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    dump(args, rows)
 
 
 def prefetch_sweep(args: argparse.Namespace, gen: torch.Generator) -> None:
     from kvpilot.engine.kernels.kv_quant.decode import paged_attention_decode_quant_triton as lib
 
-    k, v, ks, vs, tables = make(args.batch, args.ctx, "int8", gen)
-    q = torch.randn(args.batch, HQ, D, device="cuda", dtype=torch.bfloat16)
-    ctx_lens = torch.full((args.batch,), args.ctx, dtype=torch.int32, device="cuda")
-    want = reference(q[:2], k, v, ks, vs, tables[:2], ctx_lens[:2])
-    rows = [{"what": "library default", "us": do_bench(lambda: lib(q, k, v, ks, vs, tables, ctx_lens, D**-0.5),
-                                                      warmup=5, rep=50) * 1e3}]
-    print(rows[-1], flush=True)
+    cases = [("library default", lambda *a: lib(*a, D**-0.5), {})]
     for block_n, warps, splits, maxnreg in itertools.product((64, 128), (2, 4), (2, 4, 8), (None, 168)):
-        kw = dict(block_n=block_n, splits=splits, warps=warps, maxnreg=maxnreg)
-        try:
-            sub = decode_prefetch(q[:2], k, v, ks, vs, tables[:2], ctx_lens[:2], **kw)
-            err = float((sub.float() - want).norm() / want.norm())
-            ms = do_bench(lambda: decode_prefetch(q, k, v, ks, vs, tables, ctx_lens, **kw), warmup=5, rep=50)
-        except Exception as exc:
-            print(f"prefetch {kw} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
-            continue
-        rows.append({"what": "prefetch", **kw, "us": ms * 1e3, "rel_err": err})
-    for r in sorted(rows, key=lambda r: r["us"])[:10]:
-        print({a: (round(b, 4) if isinstance(b, float) else b) for a, b in r.items()}, flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        cases.append(("prefetch", decode_prefetch, dict(block_n=block_n, splits=splits, warps=warps, maxnreg=maxnreg)))
+    dump(args, run_cases(problem(args, "int8", gen), "int8", cases))
 
 
 if __name__ == "__main__":
