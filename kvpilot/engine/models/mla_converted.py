@@ -6,6 +6,7 @@ K = up_k c (+ bias), applies RoPE at each cached token's position, and V = up_v 
 causal softmax attention (mla_attention.LatentAttention). All head dims are factorised (rope_dims 0
 in strategies/mla_conversion.py): these checkpoints were trained with RoPE on every dim, so the
 reconstructed key is rotated at attention time and W_UK is not absorbed (see docs/strategies.md).
+Decode runs batched with W_UV absorbed (strategies/mla_conversion_decode.py); prefill decompresses.
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ from torch import nn
 from kvpilot.engine.mla_attention import LatentAttention
 from kvpilot.engine.models.llama import LlamaAttention
 from kvpilot.engine.strategies.mla_conversion import MlaConversion, factorize_kv
+from kvpilot.engine.strategies.mla_conversion_decode import DecodePlanner, converted_mla_decode
 
 
 class ConvertedMlaAttention(nn.Module):
     """q_proj, RoPE and o_proj of the source layer; K/V reconstructed from the cached latent."""
 
-    def __init__(self, src: LlamaAttention, conv: MlaConversion) -> None:
+    def __init__(
+        self, src: LlamaAttention, conv: MlaConversion, planner: DecodePlanner | None = None
+    ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = src.num_heads, src.num_kv_heads, src.head_dim
         self.q_proj, self.o_proj, self.rotary_emb = src.q_proj, src.o_proj, src.rotary_emb
@@ -38,6 +42,11 @@ class ConvertedMlaAttention(nn.Module):
         # passes only, since the paged cache holds latents. They cost weights, not KV memory.
         self.k_proj, self.v_proj = src.k_proj, src.v_proj
         self.force_exact = False
+        # the step's gather index, padding mask and RoPE table, shared by the layers of one model
+        self.planner = planner if planner is not None else DecodePlanner(src.rotary_emb.inv_freq)
+        # False: decode decompresses each sequence's whole context (the prefill path), the former
+        # decode kept as a reference for tests and bench/bench_mla_conversion_decode.py
+        self.batched_decode = True
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
@@ -46,7 +55,8 @@ class ConvertedMlaAttention(nn.Module):
         if self.force_exact:  # dense recompute with the checkpoint's own K/V (validation)
             o = self.attn(q, x, positions, self._expand_exact)
         else:
-            o = self.attn(q, F.linear(x, self.down), positions, self._expand)
+            decode = self._decode if self.batched_decode else None
+            o = self.attn(q, F.linear(x, self.down), positions, self._expand, decode)
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
 
     def _expand(self, rows: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,6 +65,15 @@ class ConvertedMlaAttention(nn.Module):
         v = F.linear(rows, self.up_v, self.v_bias).view(n, self.num_kv_heads, self.head_dim)
         k, _ = self.rotary_emb(positions, k, k[:, :1])
         return k, v
+
+    def _decode(
+        self, q: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor
+    ) -> torch.Tensor:
+        plan = self.planner.plan(block_tables, context_lens, cache.shape[1], q.dtype)
+        rows = plan.gather(cache).to(q.dtype)
+        return converted_mla_decode(
+            q, rows, plan, self.up_k, self.k_bias, self.up_v, self.v_bias, self.num_kv_heads, self.attn.scale
+        )
 
     def _expand_exact(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n = x.shape[0]
@@ -70,11 +89,17 @@ def convert_to_mla(model: nn.Module, rank: int) -> list[MlaConversion]:
     layers = model.model.layers
     if not all(isinstance(layer.self_attn, LlamaAttention) for layer in layers):
         raise ValueError("MLA conversion needs a Llama-style model (q/k/v/o projections); this one has none")
-    conversions = []
+    conversions: list[MlaConversion] = []
+    planners: list[DecodePlanner] = []
     for layer in layers:
         src = layer.self_attn
         conv = factorize_kv(src.k_proj.weight.float(), src.v_proj.weight.float(), src.num_kv_heads, rank)
-        layer.self_attn = ConvertedMlaAttention(src, conv)
+        inv_freq = src.rotary_emb.inv_freq
+        planner = next((p for p in planners if torch.equal(p.inv_freq, inv_freq)), None)
+        if planner is None:  # one per distinct RoPE (all layers of these families share one)
+            planner = DecodePlanner(inv_freq)
+            planners.append(planner)
+        layer.self_attn = ConvertedMlaAttention(src, conv, planner)
         conversions.append(conv)
     model.latent_cache_width = rank
     return conversions
