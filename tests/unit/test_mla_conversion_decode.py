@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from kvpilot.engine.models.layers import RotaryEmbedding
+from kvpilot.engine.strategies import mla_conversion_decode
 from kvpilot.engine.strategies.mla_conversion_decode import DecodePlanner, converted_mla_decode
 
 pytestmark = pytest.mark.unit
@@ -97,3 +98,17 @@ def test_plan_is_reused_within_a_step_and_rebuilt_for_the_next() -> None:
     assert second is not first and second.length == 31 and second.cos.shape == (8, 31)
     assert torch.equal(second.cos[:, :30], first.cos)
     assert second.invalid is not None and second.invalid[0, 10:].all() and not second.invalid[0, :10].any()
+
+
+@pytest.mark.parametrize(
+    "budget", [32 * 300 * 2, 32 * 64, 32 * 7, 1]
+)  # several sequences / one / a few positions
+def test_tiled_keys_equal_one_tile(monkeypatch, budget: int) -> None:
+    """Keys decompressed a tile at a time (a memory bound) give the same output as all at once."""
+    q, cache, tables, context_lens, w = random_case([63, 1, 300, 16], 8, 2, seed=5)
+    rotary = RotaryEmbedding(16, 10000.0, None)
+    plan = DecodePlanner(rotary.inv_freq).plan(tables, context_lens, cache.shape[1], q.dtype)
+    whole = converted_mla_decode(q, plan.gather(cache), plan, *w.values(), 2, 0.25)
+    monkeypatch.setattr(mla_conversion_decode, "_tile_elements", lambda device: budget)
+    tiled = converted_mla_decode(q, plan.gather(cache), plan, *w.values(), 2, 0.25)
+    torch.testing.assert_close(tiled, whole, rtol=1e-12, atol=1e-12)

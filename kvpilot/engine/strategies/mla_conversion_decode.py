@@ -106,14 +106,9 @@ def converted_mla_decode(
     """
     batch, heads, head_dim = q.shape
     length, rank = rows.shape[1], rows.shape[2]
-    group, half = heads // num_kv_heads, head_dim // 2
-    kt = torch.matmul(up_k, rows.transpose(1, 2))  # [B, Hkv*D, L]: each KV head's keys, once
-    if k_bias is not None:
-        kt = kt + k_bias[:, None]
-    kt = kt.view(batch, num_kv_heads, head_dim, length)
-    x1, x2 = kt[:, :, :half], kt[:, :, half:]  # rotate-half RoPE at the cached positions 0..L-1
-    kt = torch.cat((x1 * plan.cos - x2 * plan.sin, x2 * plan.cos + x1 * plan.sin), dim=2)
-    scores = torch.matmul((q * scale).view(batch, num_kv_heads, group, head_dim), kt)  # [B, Hkv, G, L]
+    group = heads // num_kv_heads
+    q = (q * scale).view(batch, num_kv_heads, group, head_dim)
+    scores = key_scores(q, rows, plan.cos, plan.sin, up_k, k_bias)  # [B, Hkv, G, L]
     if plan.score_bias is not None:
         scores = scores + plan.score_bias
     softmax_dtype = torch.promote_types(scores.dtype, torch.float32)
@@ -125,3 +120,60 @@ def converted_mla_decode(
     if v_bias is not None:
         out = out + v_bias.view(num_kv_heads, 1, value_dim)
     return out.reshape(batch, heads, value_dim).to(q.dtype)
+
+
+def key_scores(
+    q: torch.Tensor,
+    rows: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    up_k: torch.Tensor,
+    k_bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """Scaled q [B, Hkv, G, D] against RoPE(up_k c_n + b_k) for rows [B, L, r] -> scores [B, Hkv, G, L].
+
+    The decompressed keys ([B, Hkv*D, L], D times the scores' size) are built a tile of sequences and
+    positions at a time, `_tile_elements` at most: on a CPU a tile stays in cache (and below glibc's
+    mmap threshold, so it is not faulted in afresh every layer); on a GPU the budget bounds the peak
+    memory and is normally one tile.
+    """
+    batch, length = rows.shape[0], rows.shape[1]
+    width = up_k.shape[0]
+    budget = _tile_elements(rows.device)
+    if batch * width * length <= budget:
+        return _tile_scores(q, rows, cos, sin, up_k, k_bias)
+    seqs = max(1, budget // (width * length))
+    span = length if seqs > 1 else max(1, budget // width)
+    scores = torch.empty(*q.shape[:3], length, dtype=q.dtype, device=q.device)
+    for s in range(0, batch, seqs):
+        for p in range(0, length, span):
+            scores[s : s + seqs, :, :, p : p + span] = _tile_scores(
+                q[s : s + seqs], rows[s : s + seqs, p : p + span], cos[:, p : p + span], sin[:, p : p + span],
+                up_k, k_bias,
+            )  # fmt: skip
+    return scores
+
+
+def _tile_elements(device: torch.device) -> int:
+    return 1 << 28 if device.type == "cuda" else 1 << 19
+
+
+def _tile_scores(
+    q: torch.Tensor,
+    rows: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    up_k: torch.Tensor,
+    k_bias: torch.Tensor | None,
+) -> torch.Tensor:
+    batch, num_kv_heads, _, head_dim = q.shape
+    length, half = rows.shape[1], head_dim // 2
+    kt = torch.matmul(up_k, rows.transpose(1, 2))  # [b, Hkv*D, l]: each KV head's keys, once for its group
+    if k_bias is not None:
+        kt.add_(k_bias[:, None])
+    kt = kt.view(batch, num_kv_heads, head_dim, length)
+    x1, x2 = kt[:, :, :half], kt[:, :, half:]  # rotate-half RoPE at the cached positions
+    key = torch.empty_like(kt)
+    torch.mul(x1, cos, out=key[:, :, :half]).addcmul_(x2, sin, value=-1)
+    torch.mul(x2, cos, out=key[:, :, half:]).addcmul_(x1, sin)
+    return torch.matmul(q, key)
