@@ -13,7 +13,7 @@ Per step: wall time of LLMEngine.step() and of the model forward inside it (medi
 after --warmup), milliseconds.
 
     .venv/bin/python bench/bench_mla_conversion_decode.py [--batches 1,16] [--contexts 512,2048] \
-        [--rank 128] [--hidden 512] [--layers 4] [--heads 8] [--kv-heads 8] [--steps 5] [--threads 1]
+        [--rank 128] [--hidden 512] [--layers 4] [--heads 8] [--kv-heads 8] [--steps 10] [--threads 1]
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--paths", default=",".join(PATHS))
     args = parser.parse_args()

@@ -5,6 +5,8 @@
 - `attention="mla"` with `latent_rank=r` on a Llama/Mistral/Qwen2 checkpoint factorises K/V by SVD
   into a shared rank-r latent at load (models/mla_converted.py), logs the reconstruction error and
   reports it in the stats feed's `engine.mla` section; `disable_mla` serves the original attention.
+  Its decode absorbs W_UV but decompresses K (RoPE rotates every key dim), so the feed's
+  `absorbed_decode`, which means both sides absorbed, stays false for it.
 """
 
 from __future__ import annotations
