@@ -34,7 +34,8 @@ class DecodePlan:
     def gather(self, cache: torch.Tensor) -> torch.Tensor:
         """cache [num_blocks, block_size, r] -> the batch's latent rows [B, L, r], zero past each context."""
         batch = self.block_index.shape[0]
-        rows = cache[self.block_index].view(batch, -1, cache.shape[2])[:, : self.length]
+        rows = cache.index_select(0, self.block_index.reshape(-1))  # faster than cache[index] on a CPU
+        rows = rows.view(batch, -1, cache.shape[2])[:, : self.length]
         # slots past a context may hold stale rows: p = 0 there, but 0 * NaN is NaN
         if self.invalid is not None:
             rows = rows.masked_fill(self.invalid[:, :, None], 0.0)
