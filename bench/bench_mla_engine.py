@@ -4,8 +4,8 @@ Random bf16 checkpoints with a few layers (dense MLPs: the MoE is plain torch an
 - DeepSeek-V2-Lite attention shapes: hidden 2048, 16 heads, kv_lora_rank 512, rope 64, nope 128, v 128,
   no q_lora; KV bytes per token and decode tokens/s, absorbed (mla_decode kernel) vs unabsorbed.
 - Llama-3-8B attention shapes (hidden 4096, 32 heads, 8 KV heads of 128): exact vs MLA conversion at
-  several latent ranks (KV bytes per token, decode tokens/s; the conversion decompresses the whole
-  context every step, so it is expected to be slower: its gain is memory).
+  several latent ranks (KV bytes per token, decode tokens/s; the conversion decompresses the context's
+  keys every step (V is absorbed), so it is expected to be slower: its gain is memory).
 
 Decode tokens/s = (B x N) / (time(prompt + N tokens) - time(prompt + 1 token)), B sequences at once.
 
