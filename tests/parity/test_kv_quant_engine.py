@@ -22,7 +22,9 @@ BOUNDS = {  # kv_cache_dtype -> (min mean cosine, min per-position cosine, min t
     "int8": (0.999, 0.99, 0.9),
     "fp8": (0.995, 0.98, 0.85),
 }
-VARIANTS = {"llama-mha": ("llama", 4), "qwen2-gqa": ("qwen2", 2)}
+# llama-gqa-hd32: head_dim 32, where int8 decode scores against the int8-rounded query (kv_quant/qk_policy.py)
+VARIANTS = {"llama-mha": ("llama", 4, {}), "qwen2-gqa": ("qwen2", 2, {}),
+            "llama-gqa-hd32": ("llama", 2, {"head_dim": 32, "hidden_size": 128})}
 NEW_TOKENS = 24
 
 
@@ -32,8 +34,9 @@ def engine(path, **kw) -> LLMEngine:
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
 def checkpoint(request, tmp_path_factory):
-    family, kv_heads = VARIANTS[request.param]
-    path = build_hf_checkpoint(tmp_path_factory.mktemp(request.param), family, num_key_value_heads=kv_heads)
+    family, kv_heads, overrides = VARIANTS[request.param]
+    path = build_hf_checkpoint(tmp_path_factory.mktemp(request.param), family, num_key_value_heads=kv_heads,
+                               **overrides)
     prompts = random_length_prompts()
     continuations = engine_greedy(engine(path), prompts, NEW_TOKENS)
     exact = teacher_forced_logits(engine(path), prompts, continuations)
@@ -43,6 +46,8 @@ def checkpoint(request, tmp_path_factory):
 @pytest.mark.parametrize("kv", ["int8", "fp8"])
 def test_quantised_cache_tracks_exact(checkpoint, kv):
     path, prompts, continuations, exact = checkpoint
+    if path.name.startswith("llama-gqa-hd32") and kv == "fp8":
+        pytest.skip("the head_dim-32 variant is here for int8's query rounding; fp8 is bounded on the others")
     eng = engine(path, kv_cache_dtype=kv)
     assert eng.stats()["engine"]["kv_cache_dtype"] == kv
     got = compare_logits(exact, teacher_forced_logits(eng, prompts, continuations))
@@ -75,8 +80,8 @@ def test_kv_pool_holds_more_8bit_blocks(checkpoint):
     sizes = {kv: engine(path, kv_cache_dtype=kv, cpu_kv_cache_bytes=budget) for kv in ("auto", "int8", "fp8")}
     blocks = {kv: e.runner.num_kv_blocks for kv, e in sizes.items()}
     per_block = {kv: e.stats()["kv"]["bytes_per_block"] for kv, e in sizes.items()}
-    # fp32 model on CPU: 4-byte K/V -> int8 is 1 byte + a 4-byte scale per head dim of 16, fp8 1 byte
-    head_dim = 16
+    # fp32 model on CPU: 4-byte K/V -> int8 is 1 byte per element + a 4-byte scale per head, fp8 1 byte
+    head_dim = sizes["int8"].model_config.head_dim
     assert per_block["int8"] * 4 * head_dim == per_block["auto"] * (head_dim + 4)
     assert per_block["fp8"] * 4 == per_block["auto"]
     for kv in blocks:
@@ -98,7 +103,8 @@ def test_quantised_engine_triton_interpreter_matches_torch_reference(checkpoint,
     """The engine's int8 path (fixed, and auto switching with sequences on both pools) through the
     Triton kernels under the interpreter equals the torch reference path on the same forced tokens.
     Not bit-exact through the layers: the prefill kernels sum in another order, which can flip an
-    int8 rounding at a .5 tie in a later layer (measured max |diff| 3e-4 on logits of ~1)."""
+    int8 rounding at a .5 tie in a later layer (measured max |diff| 3e-4 on logits of ~1 with fp32 dots;
+    3.2e-3 on the head_dim-32 variant with the default fp16 P x V and int8-rounded queries)."""
     import torch
 
     path, prompts, continuations, _ = checkpoint
@@ -111,4 +117,5 @@ def test_quantised_engine_triton_interpreter_matches_torch_reference(checkpoint,
         monkeypatch.setenv("KVPILOT_KERNELS", "triton")
         got = teacher_forced_logits(engine(path, **kw), prompts, continuations)
         for a, b in zip(ref, got, strict=True):
-            torch.testing.assert_close(b, a, rtol=0, atol=2e-3)
+            # the kernel multiplies P x V in fp16 by default (~1e-3 relative per attention output)
+            torch.testing.assert_close(b, a, rtol=0, atol=5e-3)
