@@ -7,8 +7,14 @@ exp(scale q.k), and older keys by phi(q).phi(k) (strategies/performer.py: positi
 features, unbiased for exp(scale q.k)); one normalisation combines both. With W >= the context the
 layer is exact softmax attention. After a chunk [s, e) the summary holds positions < e - W + 1.
 
-Correctness first: a torch loop over the step's sequences; the window's K/V are gathered from the
-paged cache, which still holds every token (blocks leaving the window are not freed yet).
+Decode steps (one new token per sequence) run batched over every decoding sequence with no host
+sync (`_decode_batched`): one indexed gather of each sequence's window K/V from the paged cache via
+the step's block tables, a mask for positions before the sequence's start, the exact-window and
+summary parts combined with batched einsums, and the key leaving the window folded into every
+sequence's summary with one `index_add_` into the state pool. Prefill chunks, and decodes of sequences
+moved to the exact path, go through the per-sequence torch loop (`_attend`), which is also the
+reference the batched decode is tested against (`batched_decode = False` routes decodes there too).
+The window's K/V are gathered from the paged cache, which by default still holds every token.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ class PerformerAttention(Attention):
         self.num_features = features.shape[1]
         self.state_pool = torch.empty(0)
         self.force_exact = False  # dense passes attend exactly (runtime validation's reference)
+        self.batched_decode = True  # False: decodes through the per-sequence loop (the reference)
 
     @property
     def state_shape(self) -> tuple[int, int, int]:
@@ -55,10 +62,25 @@ class PerformerAttention(Attention):
         store_kvcache(
             k.to(self.k_cache.dtype), v.to(self.v_cache.dtype), self.k_cache, self.v_cache, ctx.slot_mapping
         )
+        n_prefill = ctx.num_prefill_tokens
+        num_prefill_seqs = ctx.context_lens.shape[0] if n_prefill else 0
+        num_decodes = q.shape[0] - n_prefill
+        exact_flags = list(ctx.linear_exact or [])
+        exact_flags += [False] * (num_prefill_seqs + num_decodes - len(exact_flags))
+        decode_exact = exact_flags[num_prefill_seqs:]
+        # decodes of sequences moved to the exact path attend through the per-sequence loop
+        batched = self.batched_decode and not all(decode_exact)
+        if batched and n_prefill == 0 and not any(decode_exact):
+            return self._decode_batched(
+                q, ctx.decode_block_tables, ctx.decode_context_lens, ctx.decode_linear_slots, w
+            ).to(q.dtype)
         out = torch.empty_like(q)
-        for i, (row, start, length, slot, table) in enumerate(_sequences(ctx, q.shape[0])):
+        loop_decodes = not batched or any(decode_exact)  # reading decode tables on the host syncs
+        for i, (row, start, length, slot, table) in enumerate(_sequences(ctx, q.shape[0], loop_decodes)):
             # a sequence moved to the exact path (runtime validation) attends to every cached token
-            exact = bool(ctx.linear_exact and ctx.linear_exact[i])
+            exact = exact_flags[i]
+            if batched and row >= n_prefill and not exact:
+                continue  # attended below, with the other decodes
             window = start + length if exact else self.window
             state = torch.zeros_like(self.state_pool[slot]) if exact else self.state_pool[slot]
             key_lo = max(0, start - window + 1)
@@ -66,6 +88,62 @@ class PerformerAttention(Attention):
             out[row : row + length] = self._attend(
                 q[row : row + length], keys, values, key_lo, start, state, w, window
             ).to(q.dtype)
+        if batched:
+            rows = [j for j in range(num_decodes) if not decode_exact[j]]
+            tables, lens, slots = ctx.decode_block_tables, ctx.decode_context_lens, ctx.decode_linear_slots
+            if len(rows) < num_decodes:
+                index = torch.tensor(rows, dtype=torch.long).to(q.device, non_blocking=True)
+                tables, lens, slots = tables[index], lens[index], slots[index]
+                out[n_prefill + index] = self._decode_batched(
+                    q[n_prefill + index], tables, lens, slots, w
+                ).to(q.dtype)
+            else:
+                out[n_prefill:] = self._decode_batched(q[n_prefill:], tables, lens, slots, w).to(q.dtype)
+        return out
+
+    def _decode_batched(
+        self,
+        q: torch.Tensor,
+        tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        slots: torch.Tensor,
+        w: torch.Tensor,
+    ) -> torch.Tensor:
+        """One query per sequence at position context_len - 1, all sequences at once -> [B, Hq, D] fp32.
+
+        q [B, Hq, D]; tables [B, max_blocks] (-1 padded); context_lens, slots [B]. The query attends
+        exactly to the keys at (t - W, t] and to the summary; then the key at t - W + 1 (the one that
+        leaves the window for the next query) is folded into the sequence's summary.
+        """
+        batch, hkv, d = q.shape[0], self.num_kv_heads, self.head_dim
+        group = self.num_heads // hkv
+        bs = self.k_cache.shape[1]
+        # a window wider than the table can hold reads at most the table's capacity (every position)
+        span = min(self.window, tables.shape[1] * bs)
+        pos = (context_lens.long() - span)[:, None] + torch.arange(span, device=q.device)  # [B, span]
+        valid = pos >= 0
+        pos = pos.clamp_min(0)  # masked below; position 0 is always in the table
+        blocks = tables.long().gather(1, torch.div(pos, bs, rounding_mode="floor"))
+        index = (blocks * bs + pos % bs).reshape(-1)
+        k = self.k_cache.view(-1, hkv, d).index_select(0, index).view(batch, span, hkv, d).float()
+        v = self.v_cache.view(-1, hkv, d).index_select(0, index).view(batch, span, hkv, d).float()
+        qf = q.float().view(batch, hkv, group, d)
+        logits = torch.einsum("bkgd,bskd->bkgs", qf, k) * self.scale
+        logits = logits.masked_fill(~valid[:, None, None, :], float("-inf"))
+        lq = _log_features(qf, w, self.scale, "bkgd,kmd->bkgm")  # [B, Hkv, G, m]
+        state = self.state_pool.index_select(0, slots)  # [B, Hkv, m, Dv + 1]
+        shift = torch.maximum(logits.amax(dim=3), lq.amax(dim=3))[..., None]  # [B, Hkv, G, 1]
+        p = (logits - shift).exp()
+        phi_q = (lq - shift).exp()
+        num_den = torch.einsum("bkgm,bkmv->bkgv", phi_q, state)
+        num = torch.einsum("bkgs,bskv->bkgv", p, v) + num_den[..., :-1]
+        den = p.sum(dim=3) + num_den[..., -1]
+        out = (num / den[..., None]).reshape(batch, self.num_heads, d)
+        if span == self.window:  # fold the key at t - W + 1 where it exists (t - W + 1 >= 0)
+            phi = _log_features(k[:, 0], w, self.scale, "bkd,kmd->bkm").exp()  # [B, Hkv, m]
+            phi = phi.masked_fill(~valid[:, :1, None], 0.0)
+            update = torch.cat((phi[..., None] * v[:, 0, :, None, :], phi[..., None]), dim=-1)
+            self.state_pool.index_add_(0, slots, update)
         return out
 
     def _gather(self, table: list[int], lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,18 +217,18 @@ class PerformerAttention(Attention):
         state[:, :, -1] += phi.sum(dim=0)
 
 
-def _log_features(x: torch.Tensor, w: torch.Tensor, scale: float) -> torch.Tensor:
-    """log phi(x) per head: x [N, H, d], w [H, m, d] -> [N, H, m] (strategies/performer.py, per head)."""
+def _log_features(x: torch.Tensor, w: torch.Tensor, scale: float, spec: str = "nhd,hmd->nhm") -> torch.Tensor:
+    """log phi(x) per head: x [N, H, d], w [H, m, d] -> [N, H, m] (strategies/performer.py, per head);
+    `spec` contracts other layouts of x whose last dimension is d (e.g. [B, Hkv, G, d])."""
     xs = x * math.sqrt(scale)
-    return (
-        torch.einsum("nhd,hmd->nhm", xs, w)
-        - 0.5 * (xs * xs).sum(-1, keepdim=True)
-        - 0.5 * math.log(w.shape[1])
-    )
+    return torch.einsum(spec, xs, w) - 0.5 * (xs * xs).sum(-1, keepdim=True) - 0.5 * math.log(w.shape[1])
 
 
-def _sequences(ctx: Context, num_tokens: int) -> list[tuple[int, int, int, int, list[int]]]:
-    """(first packed row, first position, tokens, state slot, block table) of every sequence this step."""
+def _sequences(
+    ctx: Context, num_tokens: int, with_decodes: bool = True
+) -> list[tuple[int, int, int, int, list[int]]]:
+    """(first packed row, first position, tokens, state slot, block table) of every sequence this step
+    (prefill chunks only, and no host sync for the decodes, when with_decodes is False)."""
     seqs: list[tuple[int, int, int, int, list[int]]] = []
     row = 0
     if ctx.num_prefill_tokens:
@@ -161,7 +239,7 @@ def _sequences(ctx: Context, num_tokens: int) -> list[tuple[int, int, int, int, 
             length = cu[b + 1] - cu[b]
             seqs.append((row, ctx_len - length, length, slot, table))
             row += length
-    if row < num_tokens:
+    if row < num_tokens and with_decodes:
         for ctx_len, slot, table in zip(
             ctx.decode_context_lens.tolist(),
             ctx.decode_linear_slots.tolist(),
