@@ -1,7 +1,8 @@
 """The engine's decode throughput and KV capacity with a bf16 vs int8 vs fp8 vs auto-switched KV cache.
 
     PYTHONPATH=. python3 bench/bench_kv_quant_engine.py [--layers 4] [--batch 64] [--context 4096] \
-        [--caches bf16,int8,fp8,auto] [--gqa-groups 0] [--warmup-tokens 4] [--skip-steps 2] [--json PATH]
+        [--caches bf16,int8,fp8,auto] [--gqa-groups 0] [--warmup-tokens 4] [--skip-steps 2] [--cuda-graphs] \
+        [--json PATH]
 
 Llama-3-8B shapes (hidden 4096, 32 query / 8 KV heads of 128, intermediate 14336, vocab 128256),
 random bf16 weights, `--layers` of the 32 layers (the KV read per layer is what changes; fewer layers
@@ -18,6 +19,9 @@ over the MEDIAN such step (`decode_tokens_per_s_mean` over their mean;
 `decode_tokens_per_s_all_decode_steps` is every prefill-free step, shrinking batches included, the
 old definition without compiles); per step, the GPU span of the model forward (CUDA events) and
 host = step - that span are reported as medians.
+`--cuda-graphs` sets EngineConfig.cuda_graphs: decode-only steps replay captured graphs where the
+cache allows (kvpilot/engine/cuda_graphs.py: bf16 and int8 here; fp8 and auto stay eager), and the
+GPU span of a replayed step covers the static-input copies and the replay.
 CUDA only (the device machine).
 """
 
@@ -87,6 +91,20 @@ class ForwardSpan:
                 self.events.append((start, end))
 
         engine.runner.model.forward = timed
+        graphs = engine.runner.decode_graphs  # replays never call model.forward: time them the same way
+        if graphs is not None:
+            run = graphs.run
+
+            def timed_replay(*args, **kwargs):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                try:
+                    return run(*args, **kwargs)
+                finally:
+                    end.record()
+                    self.events.append((start, end))
+
+            graphs.run = timed_replay
 
     def take_ms(self) -> float:
         """Milliseconds of the forwards since the last call (call after a synchronise)."""
@@ -119,7 +137,7 @@ def run_cache(path: Path, name: str, args: argparse.Namespace) -> dict:
         extra.update(attention="gqa", kv_head_groups=args.gqa_groups)
     engine = LLMEngine(EngineConfig(
         model=str(path), dtype="bfloat16", show_progress=False, max_num_seqs=args.batch,
-        max_num_batched_tokens=8192, enable_prefix_caching=False, **extra,
+        max_num_batched_tokens=8192, enable_prefix_caching=False, cuda_graphs=args.cuda_graphs, **extra,
     ))
     kv = engine.stats()["kv"]
     span = ForwardSpan(engine)
@@ -157,6 +175,8 @@ def run_cache(path: Path, name: str, args: argparse.Namespace) -> dict:
         "first_decode_step_ms": steps[0]["ms"] if steps else None,
         "warmup_first_decode_step_ms": warmup_steps[0]["ms"] if warmup_steps else None,
         "preemptions": stats["requests"]["preemptions_total"], "strategy_dtype": stats["engine"]["kv_cache_dtype"],
+        "cuda_graphs": engine.runner.decode_graphs is not None,
+        "graph_replays": engine.runner.decode_graphs.replays_total if engine.runner.decode_graphs else 0,
     }
     del engine
     gc.collect()
@@ -175,6 +195,7 @@ def main() -> None:
     parser.add_argument("--warmup-tokens", type=int, default=4,
                         help="tokens per request of an unmeasured batch of the same shape first (0: none)")
     parser.add_argument("--skip-steps", type=int, default=2, help="first decode steps of the measured batch left out")
+    parser.add_argument("--cuda-graphs", action="store_true", help="EngineConfig.cuda_graphs: replay decode steps")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if not torch.cuda.is_available():

@@ -86,6 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument(
         "--head-utilization-every", type=int, default=64, help="decode steps between head-utilisation samples"
     )
+    engine.add_argument("--cuda-graphs", action="store_true", help="replay CUDA graphs for decode-only steps (CUDA)")
     plan = parser.add_argument_group("capacity plan")
     plan.add_argument("--kv-watermark", type=float, default=0.8, help="share of free memory for the KV pool")
     plan.add_argument(
@@ -161,6 +162,7 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any, str]:
         validate_every=args.validate_every,
         validation_sample_rate=args.validation_sample_rate,
         head_utilization_every=args.head_utilization_every,
+        cuda_graphs=args.cuda_graphs,
     )
     device = resolve_device(config.device)
     try:

@@ -162,6 +162,7 @@ class EngineConfig:
     validation_layer: int = 0  # the layer compared (negative: from the end); a check costs ~(layer+1)/L of a prefill
     validation_threshold: float = 0.92  # cosine below this moves the sequence to the exact path
     head_utilization_every: int = 64  # decode steps between gqa_head_utilization samples (0: off)
+    cuda_graphs: bool = False  # replay captured CUDA graphs for decode-only steps (cuda_graphs.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -7,6 +7,7 @@ import torch
 
 from kvpilot.engine.config import EngineConfig, ModelConfig
 from kvpilot.engine.context import BlockTableRows, Context, InputStager, reset_context, set_context
+from kvpilot.engine.cuda_graphs import build_decode_graphs
 from kvpilot.engine.gqa_load import gqa_transform
 from kvpilot.engine.kv_quant_cache import allocate_quantised_kv_cache, kv_layout_for
 from kvpilot.engine.kv_strategy import served_model_config
@@ -62,6 +63,7 @@ class ModelRunner:
         self.kv_pool_sizes: tuple[int, ...] = (self.num_kv_blocks,)  # (16-bit, int8) under auto switching
         self.kv_quant_bytes = 0  # 8-bit K/V and scales beside kv_cache (kv_quant_cache.py)
         self._allocate_kv_cache()
+        self.decode_graphs = build_decode_graphs(self) if config.cuda_graphs else None  # cuda_graphs.py
 
     @property
     def is_cuda(self) -> bool:
@@ -144,7 +146,7 @@ class ModelRunner:
             self.linear_state.attach(ctx, out)
         set_context(ctx)
         try:
-            hidden = self.model(input_ids, positions)
+            hidden = self._forward(ctx, input_ids, positions)
         finally:
             reset_context()
         sampled: list[int | None] = [None] * len(out.scheduled)
@@ -157,6 +159,12 @@ class ModelRunner:
                 sampled[i] = int(token)
         self._track_activation(input_ids.numel(), len(sample_rows))
         return sampled
+
+    def _forward(self, ctx: Context, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        graphs = self.decode_graphs
+        if graphs is not None and graphs.fallback_reason(ctx, input_ids.shape[0]) is None:
+            return graphs.run(ctx, input_ids, positions)
+        return self.model(input_ids, positions)
 
     def _prepare(
         self, out: SchedulerOutput

@@ -24,12 +24,13 @@ def _split_reduce_kernel(
     mask_s = offs_s < NUM_SPLITS
     lse = tl.load(part_lse_ptr + b * stride_lb + h * stride_lh + offs_s, mask=mask_s, other=float("-inf"))
     lse_max = tl.max(lse, axis=0)
+    lse_max = tl.where(lse_max > float("-inf"), lse_max, 0.0)  # context length 0: every split empty
     weight = tl.where(lse > float("-inf"), tl.exp2(lse - lse_max), 0.0)
     part = tl.load(
         part_o_ptr + b * stride_pb + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
         mask=mask_s[:, None] & (offs_d[None, :] < DIM), other=0.0,
     )
-    out = tl.sum(part * weight[:, None], axis=0) / tl.sum(weight, axis=0)
+    out = tl.sum(part * weight[:, None], axis=0) / tl.maximum(tl.sum(weight, axis=0), 1e-30)  # 0: context length 0
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=offs_d < DIM)
 
 

@@ -115,8 +115,10 @@ def _paged_decode_reduce_kernel(
     split_mask = offs_s < NUM_SPLITS
     rows = (seq.to(tl.int64) * NUM_HEADS + head) * NUM_SPLITS + offs_s
     lse = tl.load(partial_lse_ptr + rows, mask=split_mask, other=float("-inf"))
-    weights = tl.math.exp2(lse - tl.max(lse, axis=0))
+    lse_max = tl.max(lse, axis=0)
+    lse_max = tl.where(lse_max > float("-inf"), lse_max, 0.0)  # context length 0 (padding): every split empty
+    weights = tl.math.exp2(lse - lse_max)
     partial = tl.load(partial_o_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=split_mask[:, None], other=0.0)
-    out = tl.sum(partial * weights[:, None], axis=0) / tl.sum(weights, axis=0)
+    out = tl.sum(partial * weights[:, None], axis=0) / tl.maximum(tl.sum(weights, axis=0), 1e-30)  # 0 when empty
     o_rows = seq.to(tl.int64) * stride_o_seq + head * stride_o_head
     tl.store(o_ptr + o_rows + offs_d, out.to(o_ptr.dtype.element_ty))
