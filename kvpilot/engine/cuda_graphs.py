@@ -225,6 +225,7 @@ class DecodeGraphs:
         return self.outputs[:n]
 
 
+@torch.inference_mode()
 def build_decode_graphs(runner: Any) -> DecodeGraphs | None:  # a ModelRunner (importing it would cycle)
     """Capture the decode graphs for this runner, or log why it stays eager and return None."""
     config, mc = runner.config, runner.model_config

@@ -30,7 +30,8 @@ def paged_attention_decode_triton(
     scale: float,
     config: DecodeConfig | None = None,
 ) -> torch.Tensor:
-    """q [B, Hq, D]; block_tables int32 [B, max_blocks]; context_lens int32 [B] (>= 1); config overrides the heuristic."""
+    """q [B, Hq, D]; block_tables int32 [B, max_blocks]; context_lens int32 [B] (0: a padding row, output zeros);
+    config overrides the heuristic."""
     check_triton_device(q, k_cache, v_cache, block_tables, context_lens)
     block_size, num_kv_heads, group = check_paged_cache(q, k_cache, v_cache)
     batch, num_heads, head_dim = q.shape
