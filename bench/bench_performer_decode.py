@@ -1,0 +1,164 @@
+"""Decode step time of the Performer conversion (attention="linear"): batched decode vs the former
+per-sequence loop, with the unconverted model (softmax attention) in the same run as the baseline.
+
+A random Llama checkpoint (default hidden 256, 4 layers, 4 heads of 64, MHA) is made in a temporary
+directory. For each batch x context, `--batch` requests are put straight into the running batch with
+their prompts marked computed, the paged cache filled with random values and, for the conversion,
+each sequence's summary marked resident (a random positive state: the prefill that would build it is
+not what is measured, and on a CPU it would dominate), so every timed step is a pure decode step.
+Paths:
+- `softmax`: the checkpoint's own attention over the whole K/V cache (paged_attention_decode);
+- `performer-loop`: the conversion with `batched_decode = False`, one sequence at a time with host
+  syncs (the decode before this script);
+- `performer-batched`: the conversion's batched decode (performer_attention._decode_batched).
+Per step: wall time of LLMEngine.step() and of the model forward inside it (medians of --steps steps
+after --warmup), milliseconds, and decode tokens/s (batch / step time).
+
+    .venv/bin/python bench/bench_performer_decode.py [--batches 1,16,64] [--contexts 512,2048] \
+        [--window 64] [--hidden 256] [--layers 4] [--heads 4] [--steps 10] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.llm_engine import LLMEngine
+from kvpilot.engine.make_model import make_model
+from kvpilot.engine.performer_attention import PerformerAttention
+from kvpilot.engine.sampling_params import SamplingParams
+from kvpilot.engine.sequence import SequenceStatus
+
+PATHS = ("softmax", "performer-loop", "performer-batched")
+
+
+def build_engine(model_dir: Path, path: str, window: int, batch: int, total: int) -> LLMEngine:
+    linear: dict[str, Any] = {} if path == "softmax" else {"attention": "linear", "linear_window": window}
+    engine = LLMEngine(EngineConfig(
+        model=str(model_dir), device="cpu", block_size=16, num_kv_blocks=batch * -(-total // 16) + 1,
+        max_num_seqs=batch, max_num_batched_tokens=max(2048, batch), max_model_len=total + 1,
+        enable_prefix_caching=False, validation_sample_rate=0.0, head_utilization_every=0,
+        show_progress=False, **linear,
+    ))  # fmt: skip
+    layers = [m for m in engine.runner.model.modules() if isinstance(m, PerformerAttention)]
+    if path != "softmax" and not layers:
+        raise RuntimeError("attention='linear' converted no layer")
+    for layer in layers:
+        layer.batched_decode = path == "performer-batched"
+    return engine
+
+
+def admit_computed(engine: LLMEngine, batch: int, context: int, max_tokens: int) -> None:
+    """`batch` running requests with all but the last prompt token computed; the cache holds random
+    rows and, for the conversion, each summary is resident with random positive values."""
+    rng = random.Random(0)
+    vocab = engine.model_config.vocab_size
+    scheduler, bm = engine.scheduler, engine.block_manager
+    linear = engine.runner.linear_state
+    for i in range(batch):
+        prompt = [rng.randrange(3, vocab) for _ in range(context)]
+        engine.add_request(
+            str(i), prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        )
+    while scheduler.waiting:
+        seq = scheduler.waiting.popleft()
+        bm.allocate(seq, len(seq), [])
+        seq.num_computed_tokens = len(seq) - 1
+        bm.commit(seq)
+        seq.status = SequenceStatus.RUNNING
+        scheduler.running.append(seq)
+        if linear is not None:  # the state pool counts it resident: a hit at the first decode step
+            linear.pool.resolve(seq.request_id, 0)
+            linear.pool.advance(seq.request_id, seq.num_computed_tokens)
+    torch.manual_seed(0)
+    engine.runner.kv_cache.normal_()
+    if linear is not None:
+        for layer in linear.layers:
+            layer.state_pool.uniform_(0.0, 1.0)
+
+
+def time_steps(engine: LLMEngine, warmup: int, steps: int) -> dict[str, float]:
+    model = engine.runner.model
+    forward, spent = model.forward, [0.0]
+
+    def timed_forward(*args: Any) -> torch.Tensor:
+        start = time.perf_counter()
+        try:
+            return forward(*args)
+        finally:
+            spent[0] += time.perf_counter() - start
+
+    model.forward = timed_forward
+    rows = []
+    batch = engine.config.max_num_seqs
+    for i in range(warmup + steps):
+        spent[0] = 0.0
+        start = time.perf_counter()
+        outs = engine.step()
+        total = time.perf_counter() - start
+        if len(outs) != batch:
+            raise RuntimeError(f"a step produced {len(outs)} outputs, expected one per sequence")
+        if i >= warmup:
+            rows.append((total * 1e3, spent[0] * 1e3))
+    model.forward = forward
+    step_ms = statistics.median(r[0] for r in rows)
+    return {
+        "step_ms": step_ms,
+        "forward_ms": statistics.median(r[1] for r in rows),
+        "tok_s": batch / step_ms * 1e3,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="1,16,64")
+    parser.add_argument("--contexts", default="512,2048")
+    parser.add_argument("--window", type=int, default=64)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--paths", default=",".join(PATHS))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    batches = [int(x) for x in args.batches.split(",")]
+    contexts = [int(x) for x in args.contexts.split(",")]
+    paths = args.paths.split(",")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        longest = max(contexts) + args.warmup + args.steps + 2
+        model_dir = make_model(
+            Path(tmp) / "llama", "llama", "tiny", hidden_size=args.hidden, intermediate_size=2 * args.hidden,
+            num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+            head_dim=args.hidden // args.heads, max_position_embeddings=max(2048, longest + 16),
+        )  # fmt: skip
+        for batch in batches:
+            for context in contexts:
+                total = context + args.warmup + args.steps + 2
+                for path in paths:
+                    engine = build_engine(model_dir, path, args.window, batch, total)
+                    admit_computed(engine, batch, context, total)
+                    result = time_steps(engine, args.warmup, args.steps)
+                    row = {"batch": batch, "context": context, "path": path, **result}
+                    rows.append(row)
+                    print(f"batch {batch:>3} context {context:>5} {path:18} step {result['step_ms']:9.2f} ms "
+                          f"(forward {result['forward_ms']:9.2f} ms) {result['tok_s']:9.1f} tok/s",
+                          flush=True)  # fmt: skip
+                    del engine
+    print(json.dumps({"args": vars(args), "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
