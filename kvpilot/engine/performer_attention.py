@@ -124,26 +124,29 @@ class PerformerAttention(Attention):
         valid = pos >= 0
         pos = pos.clamp_min(0)  # masked below; position 0 is always in the table
         blocks = tables.long().gather(1, torch.div(pos, bs, rounding_mode="floor"))
-        index = (blocks * bs + pos % bs).reshape(-1)
-        k = self.k_cache.view(-1, hkv, d).index_select(0, index).view(batch, span, hkv, d).float()
-        v = self.v_cache.view(-1, hkv, d).index_select(0, index).view(batch, span, hkv, d).float()
+        cache_slots = blocks * bs + pos % bs  # [B, span]
+        # rows of the cache viewed [slots * Hkv, D], ordered [B, Hkv, span]: the window lands in the
+        # layout the batched matmuls read, with no permute copy
+        rows = (cache_slots[:, None, :] * hkv + torch.arange(hkv, device=q.device)[:, None]).reshape(-1)
+        k = self.k_cache.view(-1, d).index_select(0, rows).view(batch, hkv, span, d).float()
+        v = self.v_cache.view(-1, d).index_select(0, rows).view(batch, hkv, span, d).float()
         qf = q.float().view(batch, hkv, group, d)
-        logits = torch.einsum("bkgd,bskd->bkgs", qf, k) * self.scale
+        logits = torch.matmul(qf, k.transpose(2, 3)) * self.scale  # [B, Hkv, G, span]
         logits = logits.masked_fill(~valid[:, None, None, :], float("-inf"))
         lq = _log_features(qf, w, self.scale, "bkgd,kmd->bkgm")  # [B, Hkv, G, m]
+        slots = slots.long()  # index_select is several times slower with int32 indices on a CPU
         state = self.state_pool.index_select(0, slots)  # [B, Hkv, m, Dv + 1]
         shift = torch.maximum(logits.amax(dim=3), lq.amax(dim=3))[..., None]  # [B, Hkv, G, 1]
         p = (logits - shift).exp()
-        phi_q = (lq - shift).exp()
-        num_den = torch.einsum("bkgm,bkmv->bkgv", phi_q, state)
-        num = torch.einsum("bkgs,bskv->bkgv", p, v) + num_den[..., :-1]
+        num_den = torch.matmul((lq - shift).exp(), state)  # [B, Hkv, G, Dv + 1]
+        num = torch.matmul(p, v) + num_den[..., :-1]
         den = p.sum(dim=3) + num_den[..., -1]
         out = (num / den[..., None]).reshape(batch, self.num_heads, d)
         if span == self.window:  # fold the key at t - W + 1 where it exists (t - W + 1 >= 0)
-            phi = _log_features(k[:, 0], w, self.scale, "bkd,kmd->bkm").exp()  # [B, Hkv, m]
+            phi = _log_features(k[:, :, 0], w, self.scale, "bkd,kmd->bkm").exp()  # [B, Hkv, m]
             phi = phi.masked_fill(~valid[:, :1, None], 0.0)
-            update = torch.cat((phi[..., None] * v[:, 0, :, None, :], phi[..., None]), dim=-1)
-            self.state_pool.index_add_(0, slots, update)
+            v_one = torch.cat((v[:, :, 0], torch.ones_like(v[:, :, 0, :1])), dim=-1)  # [B, Hkv, Dv + 1]
+            self.state_pool.index_add_(0, slots, phi[..., None] * v_one[:, :, None, :])
         return out
 
     def _gather(self, table: list[int], lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
