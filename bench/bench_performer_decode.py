@@ -13,9 +13,12 @@ Paths:
 - `performer-batched`: the conversion's batched decode (performer_attention._decode_batched).
 Per step: wall time of LLMEngine.step() and of the model forward inside it (medians of --steps steps
 after --warmup), milliseconds, and decode tokens/s (batch / step time).
+`--layer-only`: one PerformerAttention layer's decode forward alone (same shapes, random paged cache
+and summaries), loop and batched interleaved, medians of 15 rounds: less noisy at batch 1, where the
+rest of the step dominates.
 
     .venv/bin/python bench/bench_performer_decode.py [--batches 1,16,64] [--contexts 512,2048] \
-        [--window 64] [--hidden 256] [--layers 4] [--heads 4] [--steps 10] [--threads 1]
+        [--window 64] [--hidden 256] [--layers 4] [--heads 4] [--steps 10] [--threads 1] [--layer-only]
 """
 
 from __future__ import annotations
@@ -31,12 +34,15 @@ from typing import Any
 
 import torch
 
+from kvpilot.engine.attention import Attention
 from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.context import Context, reset_context, set_context
 from kvpilot.engine.llm_engine import LLMEngine
 from kvpilot.engine.make_model import make_model
 from kvpilot.engine.performer_attention import PerformerAttention
 from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.sequence import SequenceStatus
+from kvpilot.engine.strategies.performer import draw_features
 
 PATHS = ("softmax", "performer-loop", "performer-batched")
 
@@ -118,6 +124,38 @@ def time_steps(engine: LLMEngine, warmup: int, steps: int) -> dict[str, float]:
     }
 
 
+def time_layer(batch: int, context: int, window: int, heads: int, head_dim: int) -> dict[str, float]:
+    """Median ms of one layer's decode forward, per-sequence loop vs batched (interleaved rounds)."""
+    gen = torch.Generator().manual_seed(0)
+    bs, blocks = 16, -(-context // 16)
+    w = torch.stack([draw_features(head_dim, head_dim, gen) for _ in range(heads)])
+    layer = PerformerAttention(Attention(heads, heads, head_dim, head_dim**-0.5), window, w)
+    layer.k_cache = 0.3 * torch.randn(batch * blocks + 1, bs, heads, head_dim, generator=gen)
+    layer.v_cache = torch.randn(batch * blocks + 1, bs, heads, head_dim, generator=gen)
+    layer.state_pool = torch.rand(batch, *layer.state_shape, generator=gen)
+    tables = torch.randperm(batch * blocks, generator=gen).view(batch, blocks).int()
+    lens = torch.full((batch,), context, dtype=torch.int32)
+    last = lens.long() - 1
+    set_context(Context(
+        slot_mapping=tables.long().gather(1, (last // bs)[:, None])[:, 0] * bs + last % bs,
+        decode_block_tables=tables, decode_context_lens=lens,
+        decode_linear_slots=torch.arange(batch, dtype=torch.int32), linear_exact=[False] * batch,
+    ))  # fmt: skip
+    q, k, v = (torch.randn(batch, heads, head_dim, generator=gen) for _ in range(3))
+    times: dict[bool, list[float]] = {False: [], True: []}
+    try:
+        for _ in range(15):
+            for batched in (False, True):
+                layer.batched_decode = batched
+                start = time.perf_counter()
+                for _ in range(5):
+                    layer(q, k, v)
+                times[batched].append((time.perf_counter() - start) / 5 * 1e3)
+    finally:
+        reset_context()
+    return {"loop_ms": statistics.median(times[False]), "batched_ms": statistics.median(times[True])}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="1,16,64")
@@ -131,10 +169,21 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--paths", default=",".join(PATHS))
+    parser.add_argument("--layer-only", action="store_true", help="time one attention layer, loop vs batched")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     batches = [int(x) for x in args.batches.split(",")]
     contexts = [int(x) for x in args.contexts.split(",")]
+    if args.layer_only:
+        rows = []
+        for batch in batches:
+            for context in contexts:
+                r = time_layer(batch, context, args.window, args.heads, args.hidden // args.heads)
+                rows.append({"batch": batch, "context": context, **r})
+                print(f"layer batch {batch:>3} context {context:>5} loop {r['loop_ms']:8.3f} ms batched "
+                      f"{r['batched_ms']:8.3f} ms ({r['loop_ms'] / r['batched_ms']:.1f}x)", flush=True)  # fmt: skip
+        print(json.dumps({"args": vars(args), "rows": rows}))
+        return
     paths = args.paths.split(",")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
