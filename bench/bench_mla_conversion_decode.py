@@ -12,7 +12,7 @@ is measured, and on a CPU it would dominate), so every timed step is a pure deco
 Per step: wall time of LLMEngine.step() and of the model forward inside it (medians of --steps steps
 after --warmup), milliseconds.
 
-    .venv/bin/python bench/bench_mla_conversion_decode.py [--batches 1,16] [--contexts 512,2048] \
+    PYTHONPATH=. .venv/bin/python bench/bench_mla_conversion_decode.py [--batches 1,16] [--contexts 512,2048] \
         [--rank 128] [--hidden 512] [--layers 4] [--heads 8] [--kv-heads 8] [--steps 10] [--threads 1]
 """
 
@@ -20,20 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
-import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from bench.decode_harness import admit_computed, time_steps
 from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.llm_engine import LLMEngine
 from kvpilot.engine.make_model import make_model
-from kvpilot.engine.sampling_params import SamplingParams
-from kvpilot.engine.sequence import SequenceStatus
 
 PATHS = ("exact", "mla-decompress", "mla-absorbed")
 
@@ -49,56 +45,6 @@ def build_engine(model_dir: Path, path: str, rank: int, batch: int, total: int) 
         for layer in engine.runner.model.model.layers:
             layer.self_attn.batched_decode = False
     return engine
-
-
-def admit_computed(engine: LLMEngine, batch: int, context: int, max_tokens: int) -> None:
-    """`batch` running requests with all but the last prompt token computed; the cache holds random rows."""
-    rng = random.Random(0)
-    vocab = engine.model_config.vocab_size
-    scheduler, bm = engine.scheduler, engine.block_manager
-    for i in range(batch):
-        prompt = [rng.randrange(3, vocab) for _ in range(context)]
-        engine.add_request(
-            str(i), prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-        )
-    while scheduler.waiting:
-        seq = scheduler.waiting.popleft()
-        bm.allocate(seq, len(seq), [])
-        seq.num_computed_tokens = len(seq) - 1
-        bm.commit(seq)
-        seq.status = SequenceStatus.RUNNING
-        scheduler.running.append(seq)
-    torch.manual_seed(0)
-    engine.runner.kv_cache.normal_()
-
-
-def time_steps(engine: LLMEngine, warmup: int, steps: int) -> dict[str, float]:
-    model = engine.runner.model
-    forward, spent = model.forward, [0.0]
-
-    def timed_forward(*args: Any) -> torch.Tensor:
-        start = time.perf_counter()
-        try:
-            return forward(*args)
-        finally:
-            spent[0] += time.perf_counter() - start
-
-    model.forward = timed_forward
-    rows = []
-    for i in range(warmup + steps):
-        spent[0] = 0.0
-        start = time.perf_counter()
-        outs = engine.step()
-        total = time.perf_counter() - start
-        if len(outs) != engine.config.max_num_seqs:
-            raise RuntimeError(f"a step produced {len(outs)} outputs, expected one per sequence")
-        if i >= warmup:
-            rows.append((total * 1e3, spent[0] * 1e3))
-    model.forward = forward
-    return {
-        "step_ms": statistics.median(r[0] for r in rows),
-        "forward_ms": statistics.median(r[1] for r in rows),
-    }
 
 
 def main() -> None:

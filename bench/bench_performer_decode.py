@@ -17,7 +17,7 @@ after --warmup), milliseconds, and decode tokens/s (batch / step time).
 and summaries), loop and batched interleaved, medians of 15 rounds: less noisy at batch 1, where the
 rest of the step dominates.
 
-    .venv/bin/python bench/bench_performer_decode.py [--batches 1,16,64] [--contexts 512,2048] \
+    PYTHONPATH=. .venv/bin/python bench/bench_performer_decode.py [--batches 1,16,64] [--contexts 512,2048] \
         [--window 64] [--hidden 256] [--layers 4] [--heads 4] [--steps 10] [--threads 1] [--layer-only]
 """
 
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import tempfile
 import time
@@ -34,14 +33,13 @@ from typing import Any
 
 import torch
 
+from bench.decode_harness import admit_computed, time_steps
 from kvpilot.engine.attention import Attention
 from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.context import Context, reset_context, set_context
 from kvpilot.engine.llm_engine import LLMEngine
 from kvpilot.engine.make_model import make_model
 from kvpilot.engine.performer_attention import PerformerAttention
-from kvpilot.engine.sampling_params import SamplingParams
-from kvpilot.engine.sequence import SequenceStatus
 from kvpilot.engine.strategies.performer import draw_features
 
 PATHS = ("softmax", "performer-loop", "performer-batched")
@@ -61,67 +59,6 @@ def build_engine(model_dir: Path, path: str, window: int, batch: int, total: int
     for layer in layers:
         layer.batched_decode = path == "performer-batched"
     return engine
-
-
-def admit_computed(engine: LLMEngine, batch: int, context: int, max_tokens: int) -> None:
-    """`batch` running requests with all but the last prompt token computed; the cache holds random
-    rows and, for the conversion, each summary is resident with random positive values."""
-    rng = random.Random(0)
-    vocab = engine.model_config.vocab_size
-    scheduler, bm = engine.scheduler, engine.block_manager
-    linear = engine.runner.linear_state
-    for i in range(batch):
-        prompt = [rng.randrange(3, vocab) for _ in range(context)]
-        engine.add_request(
-            str(i), prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-        )
-    while scheduler.waiting:
-        seq = scheduler.waiting.popleft()
-        bm.allocate(seq, len(seq), [])
-        seq.num_computed_tokens = len(seq) - 1
-        bm.commit(seq)
-        seq.status = SequenceStatus.RUNNING
-        scheduler.running.append(seq)
-        if linear is not None:  # the state pool counts it resident: a hit at the first decode step
-            linear.pool.resolve(seq.request_id, 0)
-            linear.pool.advance(seq.request_id, seq.num_computed_tokens)
-    torch.manual_seed(0)
-    engine.runner.kv_cache.normal_()
-    if linear is not None:
-        for layer in linear.layers:
-            layer.state_pool.uniform_(0.0, 1.0)
-
-
-def time_steps(engine: LLMEngine, warmup: int, steps: int) -> dict[str, float]:
-    model = engine.runner.model
-    forward, spent = model.forward, [0.0]
-
-    def timed_forward(*args: Any) -> torch.Tensor:
-        start = time.perf_counter()
-        try:
-            return forward(*args)
-        finally:
-            spent[0] += time.perf_counter() - start
-
-    model.forward = timed_forward
-    rows = []
-    batch = engine.config.max_num_seqs
-    for i in range(warmup + steps):
-        spent[0] = 0.0
-        start = time.perf_counter()
-        outs = engine.step()
-        total = time.perf_counter() - start
-        if len(outs) != batch:
-            raise RuntimeError(f"a step produced {len(outs)} outputs, expected one per sequence")
-        if i >= warmup:
-            rows.append((total * 1e3, spent[0] * 1e3))
-    model.forward = forward
-    step_ms = statistics.median(r[0] for r in rows)
-    return {
-        "step_ms": step_ms,
-        "forward_ms": statistics.median(r[1] for r in rows),
-        "tok_s": batch / step_ms * 1e3,
-    }
 
 
 def time_layer(batch: int, context: int, window: int, heads: int, head_dim: int) -> dict[str, float]:

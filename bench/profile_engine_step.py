@@ -23,7 +23,6 @@ import cProfile
 import io
 import json
 import pstats
-import random
 import statistics
 import tempfile
 import time
@@ -32,11 +31,10 @@ from typing import Any
 
 import torch
 
+from bench.decode_harness import admit_computed
 from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.llm_engine import LLMEngine
 from kvpilot.engine.make_model import make_model
-from kvpilot.engine.sampling_params import SamplingParams
-from kvpilot.engine.sequence import SequenceStatus
 
 # pstats restriction: kvpilot's engine files except the model, its attention layers and kernels
 HOST_CODE = r"kvpilot/engine/(?!kernels/|models/|attention\.py|kv_quant_cache\.py|mla_attention\.py)"
@@ -80,23 +78,6 @@ def build_engine(args: argparse.Namespace, model_dir: Path) -> LLMEngine:
         max_num_batched_tokens=max(2048, args.batch), max_model_len=total + 1,
         enable_prefix_caching=not args.no_prefix_caching, show_progress=False, **extra,
     ))
-
-
-def admit_computed(engine: LLMEngine, batch: int, context: int, max_tokens: int) -> None:
-    """Put `batch` requests straight into the running batch with all but their last prompt token computed."""
-    rng = random.Random(0)
-    vocab = engine.model_config.vocab_size
-    scheduler, bm = engine.scheduler, engine.block_manager
-    for i in range(batch):
-        prompt = [rng.randrange(3, vocab) for _ in range(context)]
-        engine.add_request(str(i), prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
-    while scheduler.waiting:
-        seq = scheduler.waiting.popleft()
-        bm.allocate(seq, len(seq), [])
-        seq.num_computed_tokens = len(seq) - 1  # the first step computes the last prompt token and samples
-        bm.commit(seq)
-        seq.status = SequenceStatus.RUNNING
-        scheduler.running.append(seq)
 
 
 def time_steps(engine: LLMEngine, n: int, model: StepTimer, sampling: StepTimer) -> list[dict[str, float]]:
@@ -165,7 +146,7 @@ def main() -> None:
     runner.model.compute_logits = model_timer.wrap(runner.model.compute_logits)
     runner._sample = sample_timer.wrap(runner._sample)
     start = time.perf_counter()
-    admit_computed(engine, args.batch, args.context, total)
+    admit_computed(engine, args.batch, args.context, total, fill_cache=False)
     admit_s = time.perf_counter() - start
     time_steps(engine, args.warmup, model_timer, sample_timer)
     rows = time_steps(engine, args.steps, model_timer, sample_timer)

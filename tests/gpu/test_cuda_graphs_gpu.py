@@ -17,8 +17,8 @@ from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.cuda_graphs import graph_batch_sizes
 from kvpilot.engine.forced_logits import compare_logits, teacher_forced_logits
 from kvpilot.engine.llm_engine import LLMEngine
-from kvpilot.engine.sampling_params import SamplingParams
 from tests.helpers.models import build_hf_checkpoint
+from tests.parity.helpers import engine_greedy
 
 pytestmark = pytest.mark.gpu
 
@@ -43,16 +43,6 @@ def engine(path, dtype: str, graphs: bool, **kw) -> LLMEngine:
     ))
 
 
-def greedy(eng: LLMEngine, prompts: list[list[int]], lengths: list[int]) -> list[list[int]]:
-    for i, (p, n) in enumerate(zip(prompts, lengths, strict=True)):
-        eng.add_request(str(i), p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
-    out: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            out[o.request_id] += o.new_token_ids
-    return [out[str(i)] for i in range(len(prompts))]
-
-
 def agreement(a: list[list[int]], b: list[list[int]]) -> float:
     same = sum(x == y for s, t in zip(a, b, strict=True) for x, y in zip(s, t, strict=True))
     return same / sum(len(s) for s in a)
@@ -60,11 +50,11 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> float:
 
 def test_fp32_graphs_match_eager_token_for_token(checkpoint):
     path, prompts, lengths = checkpoint
-    want = greedy(engine(path, "float32", False), prompts, lengths)
+    want = engine_greedy(engine(path, "float32", False), prompts, lengths)
     eng = engine(path, "float32", True)
     graphs = eng.runner.decode_graphs
     assert graphs is not None and sorted(graphs.graphs) == graph_batch_sizes(MAX_SEQS)
-    got = greedy(eng, prompts, lengths)
+    got = engine_greedy(eng, prompts, lengths)
     print(f"fp32: {graphs.replays_total} replays of {graphs.steps_total} graph steps")
     assert got == want
     assert graphs.replays_total == graphs.steps_total >= max(lengths) - 2
@@ -75,11 +65,11 @@ def test_fp32_graphs_match_eager_token_for_token(checkpoint):
 def test_bf16_graphs_track_eager(checkpoint, kv):
     path, prompts, lengths = checkpoint
     eager = engine(path, "bfloat16", False, **KV[kv])
-    want = greedy(eager, prompts, lengths)
+    want = engine_greedy(eager, prompts, lengths)
     eng = engine(path, "bfloat16", True, **KV[kv])
     graphs = eng.runner.decode_graphs
     assert graphs is not None
-    got = greedy(eng, prompts, lengths)
+    got = engine_greedy(eng, prompts, lengths)
     tokens = agreement(want, got)
     exact = teacher_forced_logits(eager, prompts, want)
     replayed = teacher_forced_logits(eng, prompts, want)
@@ -99,16 +89,16 @@ def test_graph_unsafe_strategies_stay_eager(checkpoint, kw):
     extra = {"eviction_window": 64, "max_num_batched_tokens": 4096} if "eviction" in kw else {}
     eng = engine(path, "bfloat16", True, **kw, **extra)
     assert eng.runner.decode_graphs is None
-    assert all(len(t) == n for t, n in zip(greedy(eng, prompts[:4], lengths[:4]), lengths[:4], strict=True))
+    assert all(len(t) == n for t, n in zip(engine_greedy(eng, prompts[:4], lengths[:4]), lengths[:4], strict=True))
     assert eng.block_manager.num_used_blocks == 0
 
 
 def test_hooked_steps_run_eagerly_and_hooks_fire(checkpoint):
     """head-utilisation sampling hooks a layer on every 3rd decode step: those steps must not replay."""
     path, prompts, lengths = checkpoint
-    want = greedy(engine(path, "float32", False), prompts[:6], lengths[:6])
+    want = engine_greedy(engine(path, "float32", False), prompts[:6], lengths[:6])
     eng = engine(path, "float32", True, head_utilization_every=3)
-    got = greedy(eng, prompts[:6], lengths[:6])
+    got = engine_greedy(eng, prompts[:6], lengths[:6])
     graphs = eng.runner.decode_graphs
     sampler = eng.checks.head_utilization
     assert got == want

@@ -16,8 +16,8 @@ import pytest
 from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.forced_logits import compare_logits, teacher_forced_logits
 from kvpilot.engine.llm_engine import LLMEngine
-from kvpilot.engine.sampling_params import SamplingParams
 from tests.helpers.models import build_hf_checkpoint
+from tests.parity.helpers import engine_greedy
 
 pytestmark = pytest.mark.gpu
 
@@ -37,20 +37,10 @@ def engine(path, device: str, **kw) -> LLMEngine:
     return LLMEngine(EngineConfig(model=str(path), device=device, show_progress=False, num_kv_blocks=256, **kw))
 
 
-def greedy(eng: LLMEngine, prompts: list[list[int]], n: int = 32) -> list[list[int]]:
-    for i, p in enumerate(prompts):
-        eng.add_request(str(i), p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
-    out: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            out[o.request_id] += o.new_token_ids
-    return [out[str(i)] for i in range(len(prompts))]
-
-
 @pytest.mark.parametrize("kv", ["int8", "fp8"])
 def test_cuda_quantised_engine_matches_cpu_reference_fp32(checkpoint, kv):
     path, prompts = checkpoint
-    conts = greedy(engine(path, "cuda", dtype="float32"), prompts)
+    conts = engine_greedy(engine(path, "cuda", dtype="float32"), prompts, 32)
     cpu = teacher_forced_logits(engine(path, "cpu", dtype="float32", kv_cache_dtype=kv), prompts, conts)
     gpu = teacher_forced_logits(engine(path, "cuda", dtype="float32", kv_cache_dtype=kv), prompts, conts)
     got = compare_logits(cpu, gpu)
@@ -66,7 +56,7 @@ def test_cuda_quantised_engine_matches_cpu_reference_fp32(checkpoint, kv):
 @pytest.mark.parametrize("kv", ["int8", "fp8", "auto"])
 def test_cuda_bf16_quantised_cache_tracks_bf16_cache(checkpoint, kv):
     path, prompts = checkpoint
-    conts = greedy(engine(path, "cuda", dtype="bfloat16"), prompts)
+    conts = engine_greedy(engine(path, "cuda", dtype="bfloat16"), prompts, 32)
     exact = teacher_forced_logits(engine(path, "cuda", dtype="bfloat16"), prompts, conts)
     kw = {"kv_quant_auto_threshold": 4, "max_num_batched_tokens": 4096} if kv == "auto" else {"kv_cache_dtype": kv}
     eng = engine(path, "cuda", dtype="bfloat16", **kw)

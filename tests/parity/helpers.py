@@ -75,12 +75,14 @@ def drain(eng: LLMEngine) -> dict[str, list[int]]:
 
 
 def engine_greedy(
-    eng: LLMEngine, prompts: list[list[int]], max_tokens: int, request_ids: list[str] | None = None
+    eng: LLMEngine, prompts: list[list[int]], max_tokens: int | list[int], request_ids: list[str] | None = None
 ) -> list[list[int]]:
-    """Greedy continuations (EOS ignored) of prompts run together through the engine's step loop."""
+    """Greedy continuations (EOS ignored) of prompts run together through the engine's step loop;
+    max_tokens is one length for all or one per prompt."""
     ids = request_ids or [str(i) for i in range(len(prompts))]
-    for rid, prompt in zip(ids, prompts, strict=True):
-        eng.add_request(rid, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+    lengths = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+    for rid, prompt, n in zip(ids, prompts, lengths, strict=True):
+        eng.add_request(rid, prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
     out = drain(eng)
     return [out.get(rid, []) for rid in ids]
 

@@ -26,7 +26,7 @@ from kvpilot.engine.cuda_graphs import (
 )
 from kvpilot.engine.llm_engine import LLMEngine
 from kvpilot.engine.make_model import make_model
-from kvpilot.engine.sampling_params import SamplingParams
+from tests.parity.helpers import engine_greedy
 
 pytestmark = pytest.mark.unit
 
@@ -186,16 +186,6 @@ def record_logits(eng: LLMEngine) -> list[torch.Tensor]:
     return steps
 
 
-def greedy(eng: LLMEngine, prompts: list[list[int]], lengths: list[int]) -> list[list[int]]:
-    for i, (p, n) in enumerate(zip(prompts, lengths, strict=True)):
-        eng.add_request(str(i), p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
-    out: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            out[o.request_id] += o.new_token_ids
-    return [out[str(i)] for i in range(len(prompts))]
-
-
 def test_cuda_graphs_flag_on_cpu_stays_eager(checkpoint) -> None:
     assert engine(checkpoint, cuda_graphs=True).runner.decode_graphs is None
 
@@ -207,7 +197,7 @@ def test_padded_static_forward_matches_eager_engine(checkpoint, kv: str) -> None
     lengths = [3, 12, 5, 9, 14, 7]  # requests finish at different steps: batches 6, 5, 4, 3, 2, 1
     eager = engine(checkpoint, kv_cache_dtype=kv)
     want_logits = record_logits(eager)
-    want = greedy(eager, prompts, lengths)
+    want = engine_greedy(eager, prompts, lengths)
     eng = engine(checkpoint, kv_cache_dtype=kv)
     got_logits = record_logits(eng)
     runner = eng.runner
@@ -215,7 +205,7 @@ def test_padded_static_forward_matches_eager_engine(checkpoint, kv: str) -> None
     graphs = DecodeGraphs(runner.model, static, graph_batch_sizes(MAX_SEQS), runner.model_config.hidden_size,
                           runner.dtype)
     runner.decode_graphs = graphs  # what a CUDA engine captures, run eagerly here
-    got = greedy(eng, prompts, lengths)
+    got = engine_greedy(eng, prompts, lengths)
     assert got == want
     assert len(got_logits) == len(want_logits)
     for a, b in zip(got_logits, want_logits, strict=True):
