@@ -20,16 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.decode_harness import admit_computed, time_steps
+from bench.decode_harness import run_grid
 from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.llm_engine import LLMEngine
-from kvpilot.engine.make_model import make_model
 
 PATHS = ("exact", "mla-decompress", "mla-absorbed")
 
@@ -62,29 +60,7 @@ def main() -> None:
     parser.add_argument("--paths", default=",".join(PATHS))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    batches = [int(x) for x in args.batches.split(",")]
-    contexts = [int(x) for x in args.contexts.split(",")]
-    paths = args.paths.split(",")
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        longest = max(contexts) + args.warmup + args.steps + 2
-        model_dir = make_model(
-            Path(tmp) / "llama", "llama", "tiny", hidden_size=args.hidden, intermediate_size=2 * args.hidden,
-            num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-            head_dim=args.hidden // args.heads, max_position_embeddings=max(2048, longest + 16),
-        )  # fmt: skip
-        for batch in batches:
-            for context in contexts:
-                total = context + args.warmup + args.steps + 2
-                for path in paths:
-                    engine = build_engine(model_dir, path, args.rank, batch, total)
-                    admit_computed(engine, batch, context, total)
-                    result = time_steps(engine, args.warmup, args.steps)
-                    row = {"batch": batch, "context": context, "path": path, **result}
-                    rows.append(row)
-                    print(f"batch {batch:>3} context {context:>5} {path:15} step {result['step_ms']:9.2f} ms "
-                          f"(forward {result['forward_ms']:9.2f} ms)", flush=True)  # fmt: skip
-                    del engine
+    rows = run_grid(args, lambda model_dir, path, batch, total: build_engine(model_dir, path, args.rank, batch, total))
     print(json.dumps({"args": vars(args), "rows": rows}))
 
 

@@ -26,19 +26,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.decode_harness import admit_computed, time_steps
+from bench.decode_harness import run_grid
 from kvpilot.engine.attention import Attention
 from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.context import Context, reset_context, set_context
 from kvpilot.engine.llm_engine import LLMEngine
-from kvpilot.engine.make_model import make_model
 from kvpilot.engine.performer_attention import PerformerAttention
 from kvpilot.engine.strategies.performer import draw_features
 
@@ -121,28 +119,7 @@ def main() -> None:
                       f"{r['batched_ms']:8.3f} ms ({r['loop_ms'] / r['batched_ms']:.1f}x)", flush=True)  # fmt: skip
         print(json.dumps({"args": vars(args), "rows": rows}))
         return
-    paths = args.paths.split(",")
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        longest = max(contexts) + args.warmup + args.steps + 2
-        model_dir = make_model(
-            Path(tmp) / "llama", "llama", "tiny", hidden_size=args.hidden, intermediate_size=2 * args.hidden,
-            num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-            head_dim=args.hidden // args.heads, max_position_embeddings=max(2048, longest + 16),
-        )  # fmt: skip
-        for batch in batches:
-            for context in contexts:
-                total = context + args.warmup + args.steps + 2
-                for path in paths:
-                    engine = build_engine(model_dir, path, args.window, batch, total)
-                    admit_computed(engine, batch, context, total)
-                    result = time_steps(engine, args.warmup, args.steps)
-                    row = {"batch": batch, "context": context, "path": path, **result}
-                    rows.append(row)
-                    print(f"batch {batch:>3} context {context:>5} {path:18} step {result['step_ms']:9.2f} ms "
-                          f"(forward {result['forward_ms']:9.2f} ms) {result['tok_s']:9.1f} tok/s",
-                          flush=True)  # fmt: skip
-                    del engine
+    rows = run_grid(args, lambda model_dir, path, batch, total: build_engine(model_dir, path, args.window, batch, total))
     print(json.dumps({"args": vars(args), "rows": rows}))
 
 

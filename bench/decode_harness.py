@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import random
 import statistics
+import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from kvpilot.engine.llm_engine import LLMEngine
+from kvpilot.engine.make_model import make_model
 from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.sequence import SequenceStatus
 
@@ -78,3 +82,34 @@ def time_steps(engine: LLMEngine, warmup: int, steps: int) -> dict[str, float]:
         model.forward = forward
     step_ms = statistics.median(r[0] for r in rows)
     return {"step_ms": step_ms, "forward_ms": statistics.median(r[1] for r in rows), "tok_s": batch / step_ms * 1e3}
+
+
+def run_grid(args: Any, build_engine: Callable[[Path, str, int, int], LLMEngine]) -> list[dict[str, Any]]:
+    """Time decode steps for every batch x context x path of `args` on one random Llama checkpoint.
+
+    args: batches, contexts (comma-separated), paths (comma-separated), hidden, layers, heads, kv_heads,
+    warmup, steps. build_engine(model_dir, path, batch, total_tokens) makes one engine per cell.
+    """
+    batches = [int(x) for x in args.batches.split(",")]
+    contexts = [int(x) for x in args.contexts.split(",")]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        longest = max(contexts) + args.warmup + args.steps + 2
+        model_dir = make_model(
+            Path(tmp) / "llama", "llama", "tiny", hidden_size=args.hidden, intermediate_size=2 * args.hidden,
+            num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+            head_dim=args.hidden // args.heads, max_position_embeddings=max(2048, longest + 16),
+        )  # fmt: skip
+        for batch in batches:
+            for context in contexts:
+                total = context + args.warmup + args.steps + 2
+                for path in args.paths.split(","):
+                    engine = build_engine(model_dir, path, batch, total)
+                    admit_computed(engine, batch, context, total)
+                    result = time_steps(engine, args.warmup, args.steps)
+                    rows.append({"batch": batch, "context": context, "path": path, **result})
+                    print(f"batch {batch:>3} context {context:>5} {path:18} step {result['step_ms']:9.2f} ms "
+                          f"(forward {result['forward_ms']:9.2f} ms) {result['tok_s']:9.1f} tok/s",
+                          flush=True)  # fmt: skip
+                    del engine
+    return rows
