@@ -48,19 +48,18 @@ def check(q, k, v, ks, vs, tables, ctx_lens) -> float:
     """Relative error of the kernel against the fp32 reference on the same cache (first 2 sequences)."""
     sub = slice(0, 2)
     got = paged_attention_decode_quant_triton(q[sub], k, v, ks, vs, tables[sub], ctx_lens[sub], D**-0.5)
-    if ks is None:
-        want = _dense_reference(q[sub], k, v, tables[sub], ctx_lens[sub])
-    else:
-        want = ref.paged_attention_decode_quant_reference(
-            q[sub].float(), k, v, ks, vs, tables[sub], ctx_lens[sub], D**-0.5
-        )
+    want = reference(q[sub], k, v, ks, vs, tables[sub], ctx_lens[sub])
     return float((got.float() - want).norm() / want.norm())
 
 
-def _dense_reference(q, k, v, tables, ctx_lens):
+def reference(q, k, v, ks, vs, tables, ctx_lens):
+    """fp32 attention of q over the paged cache as stored: dense for a 16-bit cache (scales None), the
+    8-bit reference (exact query) otherwise."""
+    if ks is not None:
+        return ref.paged_attention_decode_quant_reference(q.float(), k, v, ks, vs, tables, ctx_lens, D**-0.5)
     out = []
     for b, n in enumerate(ctx_lens.tolist()):
-        ids = tables[b, : n // PAGE].long()
+        ids = tables[b, : -(-n // PAGE)].long()
         out.append(ref.attend_fp32(q[b].float(), k[ids].reshape(-1, HKV, D)[:n], v[ids].reshape(-1, HKV, D)[:n], D**-0.5))
     return torch.stack(out)
 
@@ -114,8 +113,7 @@ def sweep_mode(batch: int, ctx: int, mode: str, gen: torch.Generator) -> list[di
     q = torch.randn(batch, HQ, D, device="cuda", dtype=torch.bfloat16)
     ctx_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     total = 2 * batch * ctx * HKV * D * k.element_size() + (2 * batch * ctx * HKV * 4 if mode == "int8" else 0)
-    want = (_dense_reference(q[:2], k, v, tables[:2], ctx_lens[:2]) if ks is None else
-            ref.paged_attention_decode_quant_reference(q[:2].float(), k, v, ks, vs, tables[:2], ctx_lens[:2], D**-0.5))
+    want = reference(q[:2], k, v, ks, vs, tables[:2], ctx_lens[:2])
     rows = []
     for block_n, splits, warps, stages, fp16, int8_qk, maxnreg in SWEEP[mode]:
         kw = dict(num_splits=splits, block_n=block_n, num_warps=warps, num_stages=stages, fp16_dots=fp16,

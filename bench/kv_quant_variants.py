@@ -28,6 +28,7 @@ import triton.language as tl
 from triton.testing import do_bench
 
 from bench.bench_kv_quant import make_cache as make
+from bench.bench_kv_quant import reference
 from kvpilot.engine.kernels.kv_quant import reference as ref
 from kvpilot.engine.kernels.kv_quant.split_reduce import split_reduce
 
@@ -438,17 +439,6 @@ def dump(args: argparse.Namespace, rows: list[dict]) -> None:
 def print_best(rows: list[dict], n: int) -> None:
     for r in sorted(rows, key=lambda r: r["us"])[:n]:
         print({a: (round(b, 4) if isinstance(b, float) else b) for a, b in r.items()}, flush=True)
-
-
-def reference(q, k, v, ks, vs, tables, ctx_lens):
-    if ks is None:
-        out = []
-        for b, n in enumerate(ctx_lens.tolist()):
-            ids = tables[b, : -(-n // PAGE)].long()
-            out.append(ref.attend_fp32(q[b].float(), k[ids].reshape(-1, HKV, D)[:n], v[ids].reshape(-1, HKV, D)[:n],
-                                       D**-0.5))
-        return torch.stack(out)
-    return ref.paged_attention_decode_quant_reference(q.float(), k, v, ks, vs, tables, ctx_lens, D**-0.5)
 
 
 def main() -> None:
