@@ -250,17 +250,22 @@ def test_operator_restart_rewrites_nothing(env) -> None:  # type: ignore[no-unty
 def test_delete_garbage_collects_everything(env) -> None:  # type: ignore[no-untyped-def]
     env["kubectl"].apply(manifest("gone", env["ns"], replicas=1))
     wait_phase(env, "gone", "Ready")
-    env["kubectl"]("delete", "kvis", "gone", "-n", env["ns"], "--wait=true")
 
-    def nothing_left() -> bool:
+    def children() -> dict[str, int]:
         selector = "kvpilot.io/service=gone"
-        return not (env["apps"].list_namespaced_deployment(env["ns"], label_selector=selector).items
-                    or env["apps"].list_namespaced_replica_set(env["ns"], label_selector=selector).items
-                    or pods(env, "gone")
-                    or env["core"].list_namespaced_service(env["ns"], label_selector=selector).items
-                    or env["core"].list_namespaced_config_map(env["ns"], label_selector=selector).items)
+        return {
+            "deployments": len(env["apps"].list_namespaced_deployment(env["ns"], label_selector=selector).items),
+            "replicasets": len(env["apps"].list_namespaced_replica_set(env["ns"], label_selector=selector).items),
+            "pods": len(pods(env, "gone")),
+            "services": len(env["core"].list_namespaced_service(env["ns"], label_selector=selector).items),
+            "configmaps": len(env["core"].list_namespaced_config_map(env["ns"], label_selector=selector).items),
+        }
 
-    wait_for(nothing_left, "garbage collection of gone's children", 90)
+    before = children()
+    assert all(before.values()), f"a kind of child is missing before the delete (the selector would prove nothing): {before}"
+    env["kubectl"]("delete", "kvis", "gone", "-n", env["ns"], "--wait=true")
+    wait_for(lambda: not any(children().values()), "garbage collection of gone's children", 90)
+    assert not any(children().values())
 
 
 @pytest.mark.parametrize(
