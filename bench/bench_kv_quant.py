@@ -19,12 +19,30 @@ from triton.testing import do_bench
 
 from kvpilot.engine.kernels.kv_quant import reference as ref
 from kvpilot.engine.kernels.kv_quant.decode import paged_attention_decode_quant_triton
+from kvpilot.engine.kernels.kv_quant.layout import zeros_dim_major, zeros_token_contiguous
 
 HQ, HKV, D, PAGE, LAYERS = 32, 8, 128, 16, 32
 SHAPES = [(64, 1024), (64, 8192)]
 
 
-def make_cache(batch: int, ctx: int, mode: str, gen: torch.Generator):
+def make_cache(batch: int, ctx: int, mode: str, gen: torch.Generator, layout: str = "engine"):
+    """Random caches; 8-bit ones in the engine's layout (V dim-major, int8 scales token-contiguous,
+    kv_quant/layout.py) or, with layout="contiguous", all token-major as before session 3."""
+    k, v, ks, vs, tables = _make_contiguous(batch, ctx, mode, gen)
+    if mode == "bf16" or layout == "contiguous":
+        return k, v, ks, vs, tables
+    num_blocks = k.shape[0]
+    v_dm = zeros_dim_major((), num_blocks, PAGE, HKV, D, v.dtype, "cuda")
+    v_dm.copy_(v)
+    if mode == "int8":
+        ks_t, vs_t = (zeros_token_contiguous((), num_blocks, PAGE, HKV, torch.float32, "cuda") for _ in range(2))
+        ks_t.copy_(ks)
+        vs_t.copy_(vs)
+        ks, vs = ks_t, vs_t
+    return k, v_dm, ks, vs, tables
+
+
+def _make_contiguous(batch: int, ctx: int, mode: str, gen: torch.Generator):
     blocks_per_seq = ctx // PAGE
     num_blocks = batch * blocks_per_seq
     tables = torch.randperm(num_blocks, generator=gen).to(torch.int32).view(batch, blocks_per_seq).cuda()
@@ -91,42 +109,51 @@ def bench_case(batch: int, ctx: int, mode: str, gen: torch.Generator, base_decod
     return rows
 
 
-# (block_n, num_splits, num_warps, num_stages, fp16_dots, int8_qk, maxnreg); None = the kernel's default,
-# maxnreg 0 = no register cap
+# (block_n, num_splits, num_warps, num_stages, fp16_dots, int8_qk, maxnreg, layout); None = the kernel's
+# default, maxnreg 0 = no register cap, layout "contiguous" = token-major 8-bit V and scales (before session 3)
 SWEEP = {
-    "bf16": [(None, None, None, None, None, None, None), (64, 1, 4, None, False, False, None),
-             (128, 1, 8, None, False, False, None)],
-    "int8": [(None, None, None, None, None, None, None), (128, 2, 4, None, True, True, 0),
-             (128, 2, 4, 2, True, True, 0), (128, 2, 4, 2, True, True, 168), (128, 4, 4, 2, True, True, 168),
-             (64, 4, 4, None, True, True, 0), (64, 4, 4, 3, True, True, 128), (64, 8, 2, None, True, True, 0),
-             (128, 2, 8, None, True, True, 0), (256, 2, 8, None, True, True, 0),
-             (128, 2, 4, None, True, False, 128), (128, 2, 4, None, False, False, 0)],
-    "fp8": [(None, None, None, None, None, None, None), (64, 8, 4, None, True, False, None),
-            (128, 4, 4, None, True, False, 128), (128, 4, 2, None, True, False, None), (64, 8, 2, 2, True, False, None),
-            (32, 8, 2, None, True, False, None), (64, 4, 2, None, True, False, None),
-            (64, 8, 2, None, False, False, None)],
+    "bf16": [(None, None, None, None, None, None, None, "engine"), (64, 1, 4, None, False, False, None, "engine"),
+             (128, 1, 8, None, False, False, None, "engine")],
+    "int8": [(None, None, None, None, None, None, None, "engine"), (None, None, None, None, None, None, None, "contiguous"),
+             (128, 1, 4, None, None, None, 0, "engine"), (128, 2, 4, None, None, None, 0, "engine"),
+             (128, 4, 4, None, None, None, 0, "engine"), (128, 2, 4, None, None, None, 168, "engine"),
+             (128, 4, 4, None, None, None, 128, "engine"), (128, 8, 4, None, None, None, 128, "engine"),
+             (128, 2, 4, 2, None, None, 0, "engine"), (128, 2, 4, 4, None, None, 0, "engine"),
+             (64, 4, 2, None, None, None, 0, "engine"), (64, 8, 2, None, None, None, 0, "engine"),
+             (64, 4, 4, None, None, None, 0, "engine"), (64, 8, 4, None, None, None, 128, "engine"),
+             (128, 2, 8, None, None, None, 0, "engine"), (256, 2, 8, None, None, None, 0, "engine"),
+             (256, 1, 8, None, None, None, 0, "engine"), (128, 2, 4, None, None, False, 0, "engine"),
+             (128, 4, 4, None, None, False, 128, "engine")],
+    "fp8": [(None, None, None, None, None, None, None, "engine"), (None, None, None, None, None, None, None, "contiguous"),
+            (64, 8, 2, None, None, None, None, "engine"), (64, 4, 2, None, None, None, None, "engine"),
+            (64, 2, 2, None, None, None, None, "engine"), (128, 2, 4, None, None, None, 0, "engine"),
+            (128, 4, 4, None, None, None, 0, "engine"), (128, 4, 4, None, None, None, 128, "engine"),
+            (64, 4, 4, None, None, None, 0, "engine"), (128, 2, 8, None, None, None, 0, "engine"),
+            (32, 8, 1, None, None, None, None, "engine"), (64, 8, 2, 2, None, None, None, "engine")],
 }
 
 
 def sweep_mode(batch: int, ctx: int, mode: str, gen: torch.Generator) -> list[dict]:
-    k, v, ks, vs, tables = make_cache(batch, ctx, mode, gen)
+    caches = {name: make_cache(batch, ctx, mode, gen, name) for name in ("engine", "contiguous")}
     q = torch.randn(batch, HQ, D, device="cuda", dtype=torch.bfloat16)
     ctx_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
-    total = 2 * batch * ctx * HKV * D * k.element_size() + (2 * batch * ctx * HKV * 4 if mode == "int8" else 0)
-    want = reference(q[:2], k, v, ks, vs, tables[:2], ctx_lens[:2])
+    total = 2 * batch * ctx * HKV * D * (1 if mode != "bf16" else 2) + (2 * batch * ctx * HKV * 4 if mode == "int8" else 0)
     rows = []
-    for block_n, splits, warps, stages, fp16, int8_qk, maxnreg in SWEEP[mode]:
+    for block_n, splits, warps, stages, fp16, int8_qk, maxnreg, layout in SWEEP[mode]:
+        k, v, ks, vs, tables = caches[layout]
+        want = reference(q[:2], k, v, ks, vs, tables[:2], ctx_lens[:2])
         kw = dict(num_splits=splits, block_n=block_n, num_warps=warps, num_stages=stages, fp16_dots=fp16,
                   int8_qk=int8_qk, maxnreg=maxnreg)
         try:
             got = paged_attention_decode_quant_triton(q[:2], k, v, ks, vs, tables[:2], ctx_lens[:2], D**-0.5, **kw)
             err = float((got.float() - want).norm() / want.norm())
-            ms = do_bench(lambda kw=kw: paged_attention_decode_quant_triton(
-                q, k, v, ks, vs, tables, ctx_lens, D**-0.5, **kw), warmup=10, rep=100)
+            ms = do_bench(lambda kw=kw, c=caches[layout]: paged_attention_decode_quant_triton(
+                q, *c, ctx_lens, D**-0.5, **kw), warmup=10, rep=100)
         except Exception as exc:
             print(f"sweep {mode} {kw} failed: {type(exc).__name__}: {exc}"[:300])
             continue
-        rows.append({"mode": mode, **kw, "us": ms * 1e3, "GB/s": total / ms / 1e6, "rel_err": err})
+        rows.append({"mode": mode, "layout": layout, **kw, "us": ms * 1e3, "GB/s": total / ms / 1e6, "rel_err": err})
+    del caches
     return rows
 
 
@@ -137,10 +164,11 @@ def sweep(batch: int, ctx: int, gen: torch.Generator) -> list[dict]:
         rows += sweep_mode(batch, ctx, mode, gen)
         torch.cuda.empty_cache()
     print(f"sweep at batch {batch}, ctx {ctx}:")
-    print("| cache | block_n | splits | warps | stages | fp16 dots | int8 scores | maxnreg | us | GB/s | rel err |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| cache | layout | block_n | splits | warps | stages | fp16 dots | int8 scores | maxnreg | us | GB/s | rel err |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        cells = [r[c] for c in ("block_n", "num_splits", "num_warps", "num_stages", "fp16_dots", "int8_qk", "maxnreg")]
+        cells = [r[c] for c in ("layout", "block_n", "num_splits", "num_warps", "num_stages", "fp16_dots", "int8_qk",
+                                "maxnreg")]
         print(f"| {r['mode']} | " + " | ".join("default" if c is None else str(c) for c in cells)
               + f" | {r['us']:.1f} | {r['GB/s']:.0f} | {r['rel_err']:.1e} |")
     return rows
@@ -149,7 +177,8 @@ def sweep(batch: int, ctx: int, gen: torch.Generator) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json")
-    parser.add_argument("--sweep", action="store_true", help="also sweep launch parameters at batch 64, ctx 8192")
+    parser.add_argument("--sweep", action="store_true", help="also sweep launch parameters at batch 64")
+    parser.add_argument("--sweep-ctx", default="8192", help="comma-separated contexts for --sweep")
     args = parser.parse_args()
     gen = torch.Generator().manual_seed(0)
     print(f"device: {torch.cuda.get_device_name()}")
@@ -171,7 +200,7 @@ def main() -> None:
               f"{bf16 / r['us']:.2f}x | {r['attn_tok_s_32_layers']:.0f} | {r['rel_err_vs_ref']:.1e} |")
     bytes_per_token = {"bf16": 2 * LAYERS * HKV * D * 2, "int8": 2 * LAYERS * HKV * (D + 4), "fp8": 2 * LAYERS * HKV * D}
     print(f"KV bytes per token (Llama-3-8B, 32 layers): {bytes_per_token}")
-    swept = sweep(64, 8192, gen) if args.sweep else []
+    swept = [r for c in args.sweep_ctx.split(",") for r in sweep(64, int(c), gen)] if args.sweep else []
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "bytes_per_token": bytes_per_token, "sweep": swept}, f, indent=1)

@@ -22,9 +22,13 @@ from pathlib import Path
 
 ARGS = ["q_ptr", "k_cache_ptr", "v_cache_ptr", "k_scale_ptr", "v_scale_ptr", "block_tables_ptr", "context_lens_ptr",
         "out_ptr", "part_o_ptr", "part_lse_ptr", "stride_qb", "stride_qh", "stride_bt", "stride_ob", "stride_oh",
-        "stride_pb", "stride_ph", "stride_ps", "stride_lb", "stride_lh", "qk_scale_log2"]
+        "stride_pb", "stride_ph", "stride_ps", "stride_lb", "stride_lh",
+        "stride_kb", "stride_kt", "stride_kh", "stride_vb", "stride_vt", "stride_vh", "stride_vd",
+        "stride_sb", "stride_st", "stride_sh", "qk_scale_log2"]
 DIVISIBLE = ("stride_bt", "stride_qb", "stride_qh", "stride_ob", "stride_oh", "stride_pb", "stride_ph", "stride_ps",
-             "stride_lb")
+             "stride_lb", "stride_kb", "stride_kt", "stride_kh", "stride_vb", "stride_vt", "stride_vh", "stride_vd",
+             "stride_sb", "stride_st", "stride_sh")
+HKV, D, PAGE = 8, 128, 16
 CACHE_TYPE = {"int8": "*i8", "fp8": "*fp8e4nv", "bf16": "*bf16"}
 QUANT = {"bf16": 0, "int8": 1, "fp8": 2}
 
@@ -38,13 +42,21 @@ def compile_decode(args: argparse.Namespace):
     from kvpilot.engine.kernels.kv_quant.decode import _paged_decode_quant_kernel
 
     cache = CACHE_TYPE[args.mode]
-    types = ["*bf16", cache, cache, "*fp32", "*fp32", "*i32", "*i32", "*bf16", "*fp32", "*fp32"] + ["i32"] * 10 + ["fp32"]
+    types = ["*bf16", cache, cache, "*fp32", "*fp32", "*i32", "*i32", "*bf16", "*fp32", "*fp32"] + ["i32"] * 20 + ["fp32"]
     signature = dict(zip(ARGS, types, strict=True))
-    constexprs = {"NUM_KV_HEADS": 8, "GROUP": 4, "BLOCK_G": 16, "HEAD_DIM": 128, "BLOCK_D": 128, "PAGE": 16,
+    dim_major = args.v_layout == "dim" and args.mode != "bf16"
+    # the launcher specialises integer arguments equal to 1 as constants: the contiguous stride of each layout
+    ones = {"stride_vt": 1} if dim_major else {"stride_vd": 1}
+    if args.mode == "int8":
+        ones["stride_st" if args.scale_layout == "token" else "stride_sh"] = 1
+    constexprs = {"GROUP": 4, "BLOCK_G": 16, "HEAD_DIM": D, "BLOCK_D": D, "PAGE": PAGE,
                   "BLOCK_N": args.block_n, "NUM_SPLITS": args.splits, "QUANT": QUANT[args.mode],
-                  "FP16_DOT": args.fp16_dots and args.mode != "bf16", "INT8_QK": args.int8_qk and args.mode == "int8"}
+                  "FP16_DOT": args.fp16_dots and args.mode != "bf16", "INT8_QK": args.int8_qk and args.mode == "int8",
+                  "V_DIM_MAJOR": dim_major, "SCALE_TOKEN_CONTIG": args.mode == "int8" and args.scale_layout == "token",
+                  "RUN": min(PAGE, args.block_n), "PTX": not args.no_ptx, **ones}
     signature.update({name: "constexpr" for name in constexprs})
-    attrs = {(ARGS.index(n),): [["tt.divisibility", 16]] for n in ARGS if n.endswith("_ptr") or n in DIVISIBLE}
+    attrs = {(ARGS.index(n),): [["tt.divisibility", 16]] for n in ARGS
+             if (n.endswith("_ptr") or n in DIVISIBLE) and n not in ones}
     options = {"num_warps": args.warps, "num_stages": args.stages}
     if args.maxnreg:
         options["maxnreg"] = args.maxnreg
@@ -92,6 +104,9 @@ def main() -> None:
     parser.add_argument("--splits", type=int, default=2)
     parser.add_argument("--no-fp16-dots", dest="fp16_dots", action="store_false")
     parser.add_argument("--no-int8-qk", dest="int8_qk", action="store_false")
+    parser.add_argument("--v-layout", choices=["dim", "token"], default="dim", help="8-bit V layout (layout.py)")
+    parser.add_argument("--scale-layout", choices=["token", "head"], default="token", help="int8 scale layout")
+    parser.add_argument("--no-ptx", action="store_true", help="the generic int8->fp16 widening, not inline PTX")
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--keep", type=Path, help="write the cubin and SASS here")
     args = parser.parse_args()
@@ -106,8 +121,8 @@ def main() -> None:
                            check=True).stdout
     m = re.search(r"REG:(\d+).*?STACK:(\d+)", usage)
     regs, stack = (m.group(1), m.group(2)) if m else ("?", "?")
-    print(f"{args.mode} block_n {args.block_n} warps {args.warps} maxnreg {args.maxnreg or 'none'} stages "
-          f"{args.stages}: {regs} registers, {stack} B stack (spills), shared {compiled.metadata.shared} B")
+    print(f"{args.mode} V {args.v_layout}-major block_n {args.block_n} warps {args.warps} maxnreg "
+          f"{args.maxnreg or 'none'} stages {args.stages}: {regs} registers, {stack} B stack (spills), shared {compiled.metadata.shared} B")
     for body in loop_bodies(sass):
         per_token = len(body) * args.warps / args.block_n
         print(f"loop: {len(body)} instructions per warp per tile = {per_token:.1f} warp-instructions per "

@@ -27,12 +27,17 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench
 
-from bench.bench_kv_quant import make_cache as make
-from bench.bench_kv_quant import reference
+from bench.bench_kv_quant import make_cache, reference
 from kvpilot.engine.kernels.kv_quant import reference as ref
 from kvpilot.engine.kernels.kv_quant.split_reduce import split_reduce
 
 HQ, HKV, D, PAGE = 32, 8, 128, 16
+
+
+def make(batch: int, ctx: int, mode: str, gen: torch.Generator):
+    """These experiments index token-major caches: the layout before session 3 (kv_quant/layout.py)."""
+    return make_cache(batch, ctx, mode, gen, layout="contiguous")
+
 LOG2E = 1.4426950408889634
 OFFSET: tl.constexpr = tl.constexpr(1152.0)
 

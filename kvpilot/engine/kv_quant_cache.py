@@ -1,7 +1,7 @@
 """The engine's 8-bit KV caches (int8, fp8 e4m3) and the 16-bit/int8 pools of `kv_cache_dtype=auto`.
 
 The runner allocates, per layer, beside (or instead of) the 16-bit K/V: int8/fp8 K/V
-`[n8, block_size, Hkv, D]` and their scales (int8: fp32 `[n8, block_size, Hkv]` per token and head,
+`[n8, block_size, Hkv, D]` (V stored dim-major within a block: kernels/kv_quant/layout.py) and their scales (int8: fp32 `[n8, block_size, Hkv]` per token and head,
 written by the store; fp8: fp32 `[Hkv]` per layer, calibrated from the layer's first write and then
 fixed, see docs/strategies.md). Each Attention layer gets a `LayerKVQuant` that replaces its
 store + attend: the quantising store, decode with in-kernel dequantisation, and prefill through the
@@ -19,6 +19,7 @@ import torch
 from kvpilot.engine.config import EngineConfig, ModelConfig
 from kvpilot.engine.context import Context
 from kvpilot.engine.kernels import paged_attention_decode, paged_attention_prefill, store_kvcache
+from kvpilot.engine.kernels.kv_quant.layout import zeros_dim_major, zeros_token_contiguous
 from kvpilot.engine.kernels.kv_quant.ops import paged_attention_decode_quant, store_kvcache_quant
 from kvpilot.engine.kernels.kv_quant.reference import FP8_DTYPE, calibrate_fp8_scale
 from kvpilot.engine.kv_strategy import AUTO_QUANT_DTYPE, QUANTISED, kv_cache_kind
@@ -244,19 +245,22 @@ def allocate_quantised_kv_cache(runner: Any) -> None:  # a ModelRunner (importin
     layers = runner.model.attention_layers()
     heads, dim, device = mc.num_key_value_heads, mc.head_dim, runner.device
     runner.kv_cache = torch.zeros((2, len(layers), n16, bs, heads, dim), dtype=layout.dtype16, device=device)
-    runner.kv_cache8 = torch.zeros(
-        (2, len(layers), n8, bs, heads, dim), dtype=QUANT_TORCH_DTYPES[layout.quant], device=device
+    # K token-major, V dim-major within a block, int8 scales token-contiguous: kernels/kv_quant/layout.py
+    dtype8 = QUANT_TORCH_DTYPES[layout.quant]
+    runner.kv_cache8 = (
+        torch.zeros((len(layers), n8, bs, heads, dim), dtype=dtype8, device=device),
+        zeros_dim_major((len(layers),), n8, bs, heads, dim, dtype8, device),
     )
     if layout.quant == "int8":
-        runner.kv_scales = torch.zeros((2, len(layers), n8, bs, heads), dtype=torch.float32, device=device)
+        runner.kv_scales = zeros_token_contiguous((2, len(layers)), n8, bs, heads, torch.float32, device)
     else:
         runner.kv_scales = torch.ones((2, len(layers), heads), dtype=torch.float32, device=device)
     for i, attn in enumerate(layers):
         attn.k_cache, attn.v_cache = runner.kv_cache[0, i], runner.kv_cache[1, i]
         attn.kv_quant = LayerKVQuant(
-            layout.quant, runner.kv_cache8[0, i], runner.kv_cache8[1, i], runner.kv_scales[0, i],
+            layout.quant, runner.kv_cache8[0][i], runner.kv_cache8[1][i], runner.kv_scales[0, i],
             runner.kv_scales[1, i], n16, bs,
         )
-    runner.kv_quant_bytes = sum(t.numel() * t.element_size() for t in (runner.kv_cache8, runner.kv_scales))
+    runner.kv_quant_bytes = sum(t.numel() * t.element_size() for t in (*runner.kv_cache8, runner.kv_scales))
     runner.num_kv_blocks = n16 + n8
     runner.kv_pool_sizes = (n16, n8) if layout.kind == "auto-switch" else (n8,)

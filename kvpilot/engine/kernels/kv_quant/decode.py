@@ -22,6 +22,12 @@ import triton.language as tl
 
 from kvpilot.engine.kernels.dispatch import check_triton_device
 from kvpilot.engine.kernels.interpreter_compat import patch_interpreter
+from kvpilot.engine.kernels.kv_quant.layout import (
+    check_cache_layout,
+    check_scale_layout,
+    is_dim_major,
+    is_token_contiguous,
+)
 from kvpilot.engine.kernels.kv_quant.qk_policy import INT8_QK_MIN_HEAD_DIM, int8_scores
 from kvpilot.engine.kernels.kv_quant.reference import FP8_DTYPE
 from kvpilot.engine.kernels.kv_quant.split_reduce import default_num_splits, split_reduce
@@ -47,8 +53,21 @@ def _int8_as_fp16(x):
 
 
 @triton.jit
-def _dot_operand(raw, QUANT: tl.constexpr, FP16_DOT: tl.constexpr, DTYPE: tl.constexpr):
+def _int8_as_fp16_ptx(x):
+    """`_int8_as_fp16` for CUDA in three instructions per four values: one 32-bit xor biases all four
+    bytes, two byte permutes place them under 0x64. (The generic form costs ~1.5 PRMT per value.)"""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 t; xor.b32 t, $2, 0x80808080; prmt.b32 $0, t, 0x64646464, 0x5140; "
+        "prmt.b32 $1, t, 0x64646464, 0x7362; }",
+        "=r,=r,r", [x], dtype=tl.float16, is_pure=True, pack=4,
+    )
+
+
+@triton.jit
+def _dot_operand(raw, QUANT: tl.constexpr, FP16_DOT: tl.constexpr, DTYPE: tl.constexpr, PTX: tl.constexpr = False):
     if FP16_DOT and QUANT == 1:
+        if PTX:
+            return _int8_as_fp16_ptx(raw)
         return _int8_as_fp16(raw)
     return raw.to(DTYPE)
 
@@ -62,15 +81,91 @@ def _quantize_rows_int8(q):
 
 
 @triton.jit
+def _attend_tile(
+    q, q8, q_row, q_sum, m_i, l_i, acc, n0, end, b, kvh,
+    k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, stride_bt,
+    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_vd, stride_sb, stride_st, stride_sh,
+    k_head_scale, v_head_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+    QUANT: tl.constexpr, FP16_DOT: tl.constexpr, INT8_QK: tl.constexpr, V_DIM_MAJOR: tl.constexpr,
+    SCALE_TOKEN_CONTIG: tl.constexpr, RUN: tl.constexpr, PTX: tl.constexpr, MASKED: tl.constexpr,
+):
+    """One BLOCK_N tile of context (tokens n0..n0+BLOCK_N) folded into the online softmax state.
+
+    MASKED is the last, partial tile only; full tiles load without masks, so the gathers stay
+    16-byte vectors (a token mask on dim-major V would split them into bytes).
+    """
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_n = offs_n < end
+    if MASKED:
+        block = tl.load(block_tables_ptr + b * stride_bt + offs_n // PAGE, mask=mask_n, other=0).to(tl.int64)
+        kv_mask = mask_n[:, None] & (offs_d[None, :] < HEAD_DIM)
+    else:
+        block = tl.load(block_tables_ptr + b * stride_bt + offs_n // PAGE).to(tl.int64)
+    slot = offs_n % PAGE
+    k_off = (block * stride_kb + slot * stride_kt + kvh * stride_kh)[:, None] + offs_d[None, :]
+    v_off = (block * stride_vb + slot * stride_vt + kvh * stride_vh)[:, None] + offs_d[None, :] * stride_vd
+    if V_DIM_MAJOR:  # runs of PAGE tokens are contiguous and start 16-byte aligned
+        v_off = tl.max_contiguous(tl.multiple_of(v_off, [RUN, 1]), [RUN, 1])
+    if QUANT == 1:
+        s_off = block * stride_sb + slot * stride_st + kvh * stride_sh
+        if SCALE_TOKEN_CONTIG:
+            s_off = tl.max_contiguous(tl.multiple_of(s_off, RUN), RUN)
+        if MASKED:
+            k_tok_scale = tl.load(k_scale_ptr + s_off, mask=mask_n, other=0.0).to(tl.float32)
+            v_tok_scale = tl.load(v_scale_ptr + s_off, mask=mask_n, other=0.0).to(tl.float32)
+        else:
+            k_tok_scale = tl.load(k_scale_ptr + s_off).to(tl.float32)
+            v_tok_scale = tl.load(v_scale_ptr + s_off).to(tl.float32)
+    if MASKED:
+        k_raw = tl.load(k_cache_ptr + k_off, mask=kv_mask, other=0.0)
+    else:
+        k_raw = tl.load(k_cache_ptr + k_off)
+    if INT8_QK:
+        s = tl.dot(q8, tl.trans(k_raw), out_dtype=tl.int32).to(tl.float32) * q_row[:, None]
+    else:
+        s = tl.dot(q, tl.trans(_dot_operand(k_raw, QUANT, FP16_DOT, q.dtype)))
+        if FP16_DOT and QUANT == 1:
+            s = s - INT8_FP16_OFFSET_C * q_sum[:, None]
+        s = s * q_row[:, None]
+    if QUANT == 1:
+        s = s * k_tok_scale[None, :]
+    if MASKED:
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if MASKED:
+        v_raw = tl.load(v_cache_ptr + v_off, mask=kv_mask, other=0.0)
+    else:
+        v_raw = tl.load(v_cache_ptr + v_off)
+    v = _dot_operand(v_raw, QUANT, FP16_DOT, q.dtype, PTX)
+    if QUANT == 1:
+        p = p * v_tok_scale[None, :]
+    if QUANT == 2:
+        p = p * v_head_scale
+    p = p.to(q.dtype)
+    pv = tl.dot(p, v)
+    if FP16_DOT and QUANT == 1:
+        pv = pv - INT8_FP16_OFFSET_C * tl.sum(p.to(tl.float32), axis=1)[:, None]
+    acc = acc * alpha[:, None] + pv
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _paged_decode_quant_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, part_o_ptr, part_lse_ptr,
     stride_qb, stride_qh, stride_bt, stride_ob, stride_oh,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_vd, stride_sb, stride_st, stride_sh,
     qk_scale_log2,
-    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr, QUANT: tl.constexpr, FP16_DOT: tl.constexpr, INT8_QK: tl.constexpr,
+    V_DIM_MAJOR: tl.constexpr, SCALE_TOKEN_CONTIG: tl.constexpr, RUN: tl.constexpr, PTX: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -87,60 +182,49 @@ def _paged_decode_quant_kernel(
     heads = kvh * GROUP + offs_g
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=mask_g[:, None] & mask_d[None, :], other=0.0)
+    # every per-row factor of the scores in one multiply: softmax scale (log2 domain) x q's int8 scale
+    q_row = tl.full([BLOCK_G], 1.0, tl.float32) * qk_scale_log2
+    q8 = q
     if INT8_QK:
         q8, q_scale = _quantize_rows_int8(q.to(tl.float32))
+        q_row = q_scale * qk_scale_log2
+    q_sum = q_row
     if FP16_DOT:
         q = q.to(tl.float16)
         q_sum = tl.sum(q.to(tl.float32), axis=1)
+    k_head_scale = 1.0
+    v_head_scale = 1.0
     if QUANT == 2:
         k_head_scale = tl.load(k_scale_ptr + kvh)
         v_head_scale = tl.load(v_scale_ptr + kvh)
+        q_row = q_row * k_head_scale
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < end
-        block = tl.load(block_tables_ptr + b * stride_bt + offs_n // PAGE, mask=mask_n, other=0)
-        row = (block.to(tl.int64) * PAGE + offs_n % PAGE) * NUM_KV_HEADS + kvh
-        kv_off = row[:, None] * HEAD_DIM + offs_d[None, :]
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        if INT8_QK:
-            k8 = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0)
-            s = tl.dot(q8, tl.trans(k8), out_dtype=tl.int32).to(tl.float32) * q_scale[:, None]
-        else:
-            k = _dot_operand(tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0), QUANT, FP16_DOT, q.dtype)
-            s = tl.dot(q, tl.trans(k))
-            if FP16_DOT and QUANT == 1:
-                s = s - INT8_FP16_OFFSET_C * q_sum[:, None]
-        if QUANT == 1:
-            s = s * tl.load(k_scale_ptr + row, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-        if QUANT == 2:
-            s = s * k_head_scale
-        s = tl.where(mask_n[None, :], s * qk_scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = _dot_operand(tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0), QUANT, FP16_DOT, q.dtype)
-        if QUANT == 1:
-            p = p * tl.load(v_scale_ptr + row, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-        if QUANT == 2:
-            p = p * v_head_scale
-        p = p.to(q.dtype)
-        pv = tl.dot(p, v)
-        if FP16_DOT and QUANT == 1:
-            pv = pv - INT8_FP16_OFFSET_C * tl.sum(p.to(tl.float32), axis=1)[:, None]
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+    full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
+    for n0 in range(start, full_end, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(
+            q, q8, q_row, q_sum, m_i, l_i, acc, n0, end, b, kvh,
+            k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, stride_bt,
+            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_vd, stride_sb, stride_st, stride_sh,
+            k_head_scale, v_head_scale, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, QUANT, FP16_DOT, INT8_QK, V_DIM_MAJOR,
+            SCALE_TOKEN_CONTIG, RUN, PTX, False,
+        )
+    if full_end < end:
+        m_i, l_i, acc = _attend_tile(
+            q, q8, q_row, q_sum, m_i, l_i, acc, full_end, end, b, kvh,
+            k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, stride_bt,
+            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_vd, stride_sb, stride_st, stride_sh,
+            k_head_scale, v_head_scale, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, QUANT, FP16_DOT, INT8_QK, V_DIM_MAJOR,
+            SCALE_TOKEN_CONTIG, RUN, PTX, True,
+        )
 
+    out = acc / tl.maximum(l_i, 1e-30)[:, None]
     if NUM_SPLITS == 1:
-        out = acc / tl.maximum(l_i, 1e-30)[:, None]
         tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=mask_g[:, None] & mask_d[None, :])
     else:
-        out = acc / tl.maximum(l_i, 1e-30)[:, None]
         lse = tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))
         tl.store(part_o_ptr + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :],
                  out, mask=mask_g[:, None] & mask_d[None, :])
@@ -202,13 +286,15 @@ def paged_attention_decode_quant_triton(
     assert cache_dim == head_dim and num_heads % num_kv_heads == 0, (
         f"cache [.., .., Hkv={num_kv_heads}, D={cache_dim}] incompatible with q heads {num_heads}, D {head_dim}"
     )
-    assert k_cache.is_contiguous() and v_cache.is_contiguous(), "caches must be contiguous"
+    assert k_cache.is_contiguous(), f"k_cache must be contiguous, got strides {k_cache.stride()}"
+    check_cache_layout(v_cache, "v_cache")
     assert q.dtype in (torch.float16, torch.bfloat16, torch.float32), f"q dtype {q.dtype} not supported"
     if quant == QUANT_INT8:
         assert k_scale is not None and v_scale is not None and k_scale.shape == k_cache.shape[:3], (
             f"int8 cache needs scale caches {tuple(k_cache.shape[:3])}"
         )
-        assert k_scale.is_contiguous() and v_scale.is_contiguous() and v_scale.shape == k_scale.shape
+        assert v_scale.shape == k_scale.shape and v_scale.stride() == k_scale.stride(), "k/v scale caches must match"
+        check_scale_layout(k_scale, "k_scale")
     elif quant == QUANT_FP8:
         assert k_scale is not None and v_scale is not None, "fp8 cache needs per-head scales [Hkv]"
         assert k_scale.shape == (num_kv_heads,) and v_scale.shape == (num_kv_heads,)
@@ -242,15 +328,20 @@ def paged_attention_decode_quant_triton(
     if maxnreg and q.is_cuda:
         stages["maxnreg"] = maxnreg
     v_s = v_scale if v_scale is not None else v_cache
+    scale_strides = k_scale.stride() if quant == QUANT_INT8 else (0, 0, 0)
     _paged_decode_quant_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, k_s, v_s, block_tables, context_lens, out, part_o, part_lse,
         q.stride(0), q.stride(1), block_tables.stride(0), out.stride(0), out.stride(1),
         part_o.stride(0), part_o.stride(1), part_o.stride(2) if num_splits > 1 else 0,
         part_lse.stride(0), part_lse.stride(1),
+        *k_cache.stride()[:3], *v_cache.stride(), *scale_strides,
         scale * LOG2E,
-        NUM_KV_HEADS=num_kv_heads, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), PAGE=page, BLOCK_N=block_n,
         NUM_SPLITS=num_splits, QUANT=quant, FP16_DOT=fp16_dots and quant != QUANT_NONE, INT8_QK=int8_qk,
+        V_DIM_MAJOR=is_dim_major(v_cache) and page % 16 == 0 and block_n % 16 == 0,
+        SCALE_TOKEN_CONTIG=quant == QUANT_INT8 and is_token_contiguous(k_scale) and page % 4 == 0 and block_n % 4 == 0,
+        RUN=min(page, block_n), PTX=q.is_cuda,
         num_warps=num_warps, **stages,
     )
     if num_splits > 1:

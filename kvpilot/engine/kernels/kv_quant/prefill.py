@@ -15,6 +15,7 @@ import triton.language as tl
 
 from kvpilot.engine.kernels.dispatch import backend_for, check_triton_device
 from kvpilot.engine.kernels.interpreter_compat import patch_interpreter
+from kvpilot.engine.kernels.kv_quant.layout import check_cache_layout, check_scale_layout
 from kvpilot.engine.kernels.kv_quant.reference import dequantize_blocks_reference, mode_of
 
 patch_interpreter()
@@ -23,22 +24,26 @@ patch_interpreter()
 @triton.jit
 def _dequantize_blocks_kernel(
     cache_ptr, scale_ptr, block_ids_ptr, out_ptr,
+    stride_cb, stride_ct, stride_ch, stride_cd, stride_sb, stride_st, stride_sh,
     ROWS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, IS_INT8: tl.constexpr,
 ):
-    # One program per block: its ROWS = block_size * Hkv rows of HEAD_DIM values.
+    # One program per block: its ROWS = block_size * Hkv rows (token-major, then head) of HEAD_DIM
+    # values, read through the cache's strides (any layout of kv_quant.layout), written contiguous.
     i = tl.program_id(0)
     block = tl.load(block_ids_ptr + i).to(tl.int64)
     offs_r = tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     mask_r = offs_r < ROWS
     mask = mask_r[:, None] & (offs_d[None, :] < HEAD_DIM)
+    token, head = offs_r // NUM_KV_HEADS, offs_r % NUM_KV_HEADS
+    src = (block * stride_cb + token * stride_ct + head * stride_ch)[:, None] + offs_d[None, :] * stride_cd
+    x = tl.load(cache_ptr + src, mask=mask, other=0.0).to(tl.float32)
     tile = offs_r[:, None] * HEAD_DIM + offs_d[None, :]
-    x = tl.load(cache_ptr + block * ROWS * HEAD_DIM + tile, mask=mask, other=0.0).to(tl.float32)
     if IS_INT8:
-        s = tl.load(scale_ptr + block * ROWS + offs_r, mask=mask_r, other=0.0)
+        s = tl.load(scale_ptr + block * stride_sb + token * stride_st + head * stride_sh, mask=mask_r, other=0.0)
     else:
-        s = tl.load(scale_ptr + offs_r % NUM_KV_HEADS, mask=mask_r, other=0.0)
+        s = tl.load(scale_ptr + head, mask=mask_r, other=0.0)
     x = x * s.to(tl.float32)[:, None]
     tl.store(out_ptr + i.to(tl.int64) * ROWS * HEAD_DIM + tile, x.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -49,10 +54,14 @@ def dequantize_blocks_triton(
     """Blocks block_ids int32 [n] of an int8/fp8 cache -> out_dtype [n, block_size, Hkv, D]."""
     check_triton_device(cache_q, scale, block_ids)
     is_int8 = mode_of(cache_q) == "int8"
-    assert cache_q.dim() == 4 and cache_q.is_contiguous(), "cache must be contiguous [blocks, page, Hkv, D]"
+    check_cache_layout(cache_q, "cache")
     _, page, num_kv_heads, head_dim = cache_q.shape
     expected = cache_q.shape[:3] if is_int8 else (num_kv_heads,)
-    assert scale.shape == expected and scale.is_contiguous(), f"scale must be {tuple(expected)}, got {tuple(scale.shape)}"
+    assert scale.shape == expected, f"scale must be {tuple(expected)}, got {tuple(scale.shape)}"
+    if is_int8:
+        check_scale_layout(scale, "scale")
+    else:
+        assert scale.is_contiguous(), "fp8 per-head scales must be contiguous"
     assert block_ids.dim() == 1 and block_ids.dtype == torch.int32, "block_ids must be int32 [n]"
     assert out_dtype in (torch.float16, torch.bfloat16, torch.float32), f"out_dtype {out_dtype} not supported"
     out = torch.empty(block_ids.shape[0], page, num_kv_heads, head_dim, dtype=out_dtype, device=cache_q.device)
@@ -60,6 +69,7 @@ def dequantize_blocks_triton(
         return out
     _dequantize_blocks_kernel[(block_ids.shape[0],)](
         cache_q, scale, block_ids, out,
+        *cache_q.stride(), *(scale.stride() if is_int8 else (0, 0, 0)),
         ROWS=page * num_kv_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_R=triton.next_power_of_2(page * num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
         IS_INT8=is_int8,

@@ -8,6 +8,7 @@ import triton.language as tl
 
 from kvpilot.engine.kernels.dispatch import check_triton_device
 from kvpilot.engine.kernels.interpreter_compat import patch_interpreter
+from kvpilot.engine.kernels.kv_quant.layout import check_cache_layout, check_scale_layout
 from kvpilot.engine.kernels.kv_quant.reference import FP8_MAX, INT8_MAX, INV_INT8_MAX, mode_of
 
 patch_interpreter()
@@ -66,22 +67,28 @@ def _quantize_row(x, scale_ptr, scale_off, head, IS_INT8: tl.constexpr, OUT_DTYP
 def _store_kvcache_quant_kernel(
     key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, slot_ptr,
     stride_kn, stride_kh, stride_vn, stride_vh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_KV_HEADS: tl.constexpr, IS_INT8: tl.constexpr,
+    stride_cb, stride_ct, stride_ch, stride_db, stride_dt, stride_dh, stride_dd, stride_sb, stride_st, stride_sh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, IS_INT8: tl.constexpr,
 ):
+    # K cache strides (c*: block, token, head; dim contiguous), V cache strides (d*: any layout of
+    # kv_quant.layout), int8 scale-cache strides (s*).
     token = tl.program_id(0)
     head = tl.program_id(1)
     slot = tl.load(slot_ptr + token).to(tl.int64)
     if slot < 0:
         return
+    block = slot // PAGE
+    in_block = slot % PAGE
     offs = tl.arange(0, BLOCK_D)
     mask = offs < HEAD_DIM
-    row = slot * NUM_KV_HEADS + head
+    s_off = block * stride_sb + in_block * stride_st + head * stride_sh
     k = tl.load(key_ptr + token * stride_kn + head * stride_kh + offs, mask=mask, other=0.0).to(tl.float32)
     v = tl.load(value_ptr + token * stride_vn + head * stride_vh + offs, mask=mask, other=0.0).to(tl.float32)
-    kq = _quantize_row(k, k_scale_ptr, row, head, IS_INT8, k_cache_ptr.dtype.element_ty)
-    vq = _quantize_row(v, v_scale_ptr, row, head, IS_INT8, v_cache_ptr.dtype.element_ty)
-    tl.store(k_cache_ptr + row * HEAD_DIM + offs, kq, mask=mask)
-    tl.store(v_cache_ptr + row * HEAD_DIM + offs, vq, mask=mask)
+    kq = _quantize_row(k, k_scale_ptr, s_off, head, IS_INT8, k_cache_ptr.dtype.element_ty)
+    vq = _quantize_row(v, v_scale_ptr, s_off, head, IS_INT8, v_cache_ptr.dtype.element_ty)
+    tl.store(k_cache_ptr + block * stride_cb + in_block * stride_ct + head * stride_ch + offs, kq, mask=mask)
+    v_base = block * stride_db + in_block * stride_dt + head * stride_dh
+    tl.store(v_cache_ptr + v_base + offs * stride_dd, vq, mask=mask)
 
 
 def store_kvcache_quant_triton(
@@ -102,14 +109,17 @@ def store_kvcache_quant_triton(
     assert k_cache.dim() == 4 and k_cache.shape[2:] == (num_kv_heads, head_dim), (
         f"cache must be [num_blocks, block_size, {num_kv_heads}, {head_dim}], got {tuple(k_cache.shape)}"
     )
-    assert k_cache.shape == v_cache.shape and k_cache.is_contiguous() and v_cache.is_contiguous()
+    assert k_cache.shape == v_cache.shape and k_cache.is_contiguous(), "k_cache must be contiguous, v_cache its shape"
+    check_cache_layout(v_cache, "v_cache")
     assert key.stride(-1) == 1 and value.stride(-1) == 1, "key/value last dim must be contiguous"
     assert slot_mapping.shape == (num_tokens,) and slot_mapping.dtype == torch.int32, "slot_mapping int32 [N]"
     if mode == "int8":
         assert k_scale.shape == k_cache.shape[:3] and v_scale.shape == v_cache.shape[:3], (
             f"int8 scale caches must be {tuple(k_cache.shape[:3])}, got {tuple(k_scale.shape)}"
         )
-        assert k_scale.dtype in (torch.float32, torch.float16) and k_scale.is_contiguous() and v_scale.is_contiguous()
+        assert k_scale.dtype in (torch.float32, torch.float16), f"int8 scales must be fp32/fp16, got {k_scale.dtype}"
+        assert v_scale.stride() == k_scale.stride(), "k/v scale caches must share a layout"
+        check_scale_layout(k_scale, "k_scale")
     else:
         assert k_scale.shape == (num_kv_heads,) and v_scale.shape == (num_kv_heads,), "fp8 scales must be [Hkv]"
         assert k_scale.dtype == torch.float32 and v_scale.dtype == torch.float32, "fp8 scales must be fp32"
@@ -118,6 +128,7 @@ def store_kvcache_quant_triton(
     _store_kvcache_quant_kernel[(num_tokens, num_kv_heads)](
         key, value, k_cache, v_cache, k_scale, v_scale, slot_mapping,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), NUM_KV_HEADS=num_kv_heads,
+        *k_cache.stride()[:3], *v_cache.stride(), *(k_scale.stride() if mode == "int8" else (0, 0, 0)),
+        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],
         IS_INT8=mode == "int8",
     )
