@@ -12,6 +12,7 @@ Each case is first checked against the fp32 reference on the same quantised cach
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 
 import torch
@@ -109,27 +110,27 @@ def bench_case(batch: int, ctx: int, mode: str, gen: torch.Generator, base_decod
     return rows
 
 
-# (block_n, num_splits, num_warps, num_stages, fp16_dots, int8_qk, maxnreg, layout); None = the kernel's
-# default, maxnreg 0 = no register cap, layout "contiguous" = token-major 8-bit V and scales (before session 3)
+# Launch keyword arguments of paged_attention_decode_quant_triton per cache format (absent = the kernel's
+# default; maxnreg 0 = no register cap); "layout": "contiguous" = token-major 8-bit V and scales (before
+# session 3) instead of the engine's layout.
+def _grid(**axes) -> list[dict]:
+    keys = list(axes)
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*axes.values())]
+
+
 SWEEP = {
-    "bf16": [(None, None, None, None, None, None, None, "engine"), (64, 1, 4, None, False, False, None, "engine"),
-             (128, 1, 8, None, False, False, None, "engine")],
-    "int8": [(None, None, None, None, None, None, None, "engine"), (None, None, None, None, None, None, None, "contiguous"),
-             (128, 1, 4, None, None, None, 0, "engine"), (128, 2, 4, None, None, None, 0, "engine"),
-             (128, 4, 4, None, None, None, 0, "engine"), (128, 2, 4, None, None, None, 168, "engine"),
-             (128, 4, 4, None, None, None, 128, "engine"), (128, 8, 4, None, None, None, 128, "engine"),
-             (128, 2, 4, 2, None, None, 0, "engine"), (128, 2, 4, 4, None, None, 0, "engine"),
-             (64, 4, 2, None, None, None, 0, "engine"), (64, 8, 2, None, None, None, 0, "engine"),
-             (64, 4, 4, None, None, None, 0, "engine"), (64, 8, 4, None, None, None, 128, "engine"),
-             (128, 2, 8, None, None, None, 0, "engine"), (256, 2, 8, None, None, None, 0, "engine"),
-             (256, 1, 8, None, None, None, 0, "engine"), (128, 2, 4, None, None, False, 0, "engine"),
-             (128, 4, 4, None, None, False, 128, "engine")],
-    "fp8": [(None, None, None, None, None, None, None, "engine"), (None, None, None, None, None, None, None, "contiguous"),
-            (64, 8, 2, None, None, None, None, "engine"), (64, 4, 2, None, None, None, None, "engine"),
-            (64, 2, 2, None, None, None, None, "engine"), (128, 2, 4, None, None, None, 0, "engine"),
-            (128, 4, 4, None, None, None, 0, "engine"), (128, 4, 4, None, None, None, 128, "engine"),
-            (64, 4, 4, None, None, None, 0, "engine"), (128, 2, 8, None, None, None, 0, "engine"),
-            (32, 8, 1, None, None, None, None, "engine"), (64, 8, 2, 2, None, None, None, "engine")],
+    "bf16": [{}, {"heads_fastest": True}],
+    "int8": [
+        {}, {"layout": "contiguous"}, {"heads_fastest": True}, {"heads_fastest": True, "layout": "contiguous"},
+        *_grid(heads_fastest=[True], block_n=[128], num_warps=[4], maxnreg=[0, 128], num_splits=[1, 2, 4]),
+        *_grid(heads_fastest=[True], block_n=[64], num_warps=[2], num_splits=[1, 2, 4], table_ahead=[False, True],
+               num_stages=[4]),
+    ],
+    "fp8": [
+        {}, {"heads_fastest": True},
+        *_grid(heads_fastest=[True], block_n=[64], num_warps=[2], num_splits=[1, 2, 4], table_ahead=[False, True],
+               num_stages=[4]),
+    ],
 }
 
 
@@ -139,11 +140,11 @@ def sweep_mode(batch: int, ctx: int, mode: str, gen: torch.Generator) -> list[di
     ctx_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     total = 2 * batch * ctx * HKV * D * (1 if mode != "bf16" else 2) + (2 * batch * ctx * HKV * 4 if mode == "int8" else 0)
     rows = []
-    for block_n, splits, warps, stages, fp16, int8_qk, maxnreg, layout in SWEEP[mode]:
+    for entry in SWEEP[mode]:
+        kw = dict(entry)
+        layout = kw.pop("layout", "engine")
         k, v, ks, vs, tables = caches[layout]
         want = reference(q[:2], k, v, ks, vs, tables[:2], ctx_lens[:2])
-        kw = dict(num_splits=splits, block_n=block_n, num_warps=warps, num_stages=stages, fp16_dots=fp16,
-                  int8_qk=int8_qk, maxnreg=maxnreg)
         try:
             got = paged_attention_decode_quant_triton(q[:2], k, v, ks, vs, tables[:2], ctx_lens[:2], D**-0.5, **kw)
             err = float((got.float() - want).norm() / want.norm())
@@ -164,12 +165,12 @@ def sweep(batch: int, ctx: int, gen: torch.Generator) -> list[dict]:
         rows += sweep_mode(batch, ctx, mode, gen)
         torch.cuda.empty_cache()
     print(f"sweep at batch {batch}, ctx {ctx}:")
-    print("| cache | layout | block_n | splits | warps | stages | fp16 dots | int8 scores | maxnreg | us | GB/s | rel err |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    cols = ("layout", "block_n", "num_splits", "num_warps", "num_stages", "maxnreg", "table_ahead", "heads_fastest",
+            "int8_qk")
+    print("| cache | " + " | ".join(cols) + " | us | GB/s | rel err |")
+    print("|---" * (len(cols) + 4) + "|")
     for r in rows:
-        cells = [r[c] for c in ("layout", "block_n", "num_splits", "num_warps", "num_stages", "fp16_dots", "int8_qk",
-                                "maxnreg")]
-        print(f"| {r['mode']} | " + " | ".join("default" if c is None else str(c) for c in cells)
+        print(f"| {r['mode']} | " + " | ".join(str(r.get(c, "default")) for c in cols)
               + f" | {r['us']:.1f} | {r['GB/s']:.0f} | {r['rel_err']:.1e} |")
     return rows
 

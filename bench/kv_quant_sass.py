@@ -53,7 +53,9 @@ def compile_decode(args: argparse.Namespace):
                   "BLOCK_N": args.block_n, "NUM_SPLITS": args.splits, "QUANT": QUANT[args.mode],
                   "FP16_DOT": args.fp16_dots and args.mode != "bf16", "INT8_QK": args.int8_qk and args.mode == "int8",
                   "V_DIM_MAJOR": dim_major, "SCALE_TOKEN_CONTIG": args.mode == "int8" and args.scale_layout == "token",
-                  "RUN": min(PAGE, args.block_n), "PTX": not args.no_ptx, **ones}
+                  "RUN": min(PAGE, args.block_n), "PTX": not args.no_ptx,
+                  "TABLE_AHEAD": args.table_ahead,
+                  "HEADS_FASTEST": False, **ones}
     signature.update({name: "constexpr" for name in constexprs})
     attrs = {(ARGS.index(n),): [["tt.divisibility", 16]] for n in ARGS
              if (n.endswith("_ptr") or n in DIVISIBLE) and n not in ones}
@@ -107,6 +109,7 @@ def main() -> None:
     parser.add_argument("--v-layout", choices=["dim", "token"], default="dim", help="8-bit V layout (layout.py)")
     parser.add_argument("--scale-layout", choices=["token", "head"], default="token", help="int8 scale layout")
     parser.add_argument("--no-ptx", action="store_true", help="the generic int8->fp16 widening, not inline PTX")
+    parser.add_argument("--table-ahead", action="store_true", help="load block ids a tile ahead")
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--keep", type=Path, help="write the cubin and SASS here")
     args = parser.parse_args()

@@ -82,8 +82,8 @@ def _quantize_rows_int8(q):
 
 @triton.jit
 def _attend_tile(
-    q, q8, q_row, q_sum, m_i, l_i, acc, n0, end, b, kvh,
-    k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, stride_bt,
+    q, q8, q_row, q_sum, m_i, l_i, acc, n0, end, block, kvh,
+    k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_vd, stride_sb, stride_st, stride_sh,
     k_head_scale, v_head_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -99,10 +99,7 @@ def _attend_tile(
     offs_d = tl.arange(0, BLOCK_D)
     mask_n = offs_n < end
     if MASKED:
-        block = tl.load(block_tables_ptr + b * stride_bt + offs_n // PAGE, mask=mask_n, other=0).to(tl.int64)
         kv_mask = mask_n[:, None] & (offs_d[None, :] < HEAD_DIM)
-    else:
-        block = tl.load(block_tables_ptr + b * stride_bt + offs_n // PAGE).to(tl.int64)
     slot = offs_n % PAGE
     k_off = (block * stride_kb + slot * stride_kt + kvh * stride_kh)[:, None] + offs_d[None, :]
     v_off = (block * stride_vb + slot * stride_vt + kvh * stride_vh)[:, None] + offs_d[None, :] * stride_vd
@@ -155,6 +152,13 @@ def _attend_tile(
 
 
 @triton.jit
+def _table_tile(table, n0, end, offs_t, PAGE: tl.constexpr):
+    """Block ids (int64) of tokens n0 + offs_t; 0 past `end` (never read unmasked)."""
+    offs_n = n0 + offs_t
+    return tl.load(table + offs_n // PAGE, mask=offs_n < end, other=0).to(tl.int64)
+
+
+@triton.jit
 def _paged_decode_quant_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, part_o_ptr, part_lse_ptr,
@@ -166,9 +170,14 @@ def _paged_decode_quant_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr, QUANT: tl.constexpr, FP16_DOT: tl.constexpr, INT8_QK: tl.constexpr,
     V_DIM_MAJOR: tl.constexpr, SCALE_TOKEN_CONTIG: tl.constexpr, RUN: tl.constexpr, PTX: tl.constexpr,
+    TABLE_AHEAD: tl.constexpr, HEADS_FASTEST: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
+    if HEADS_FASTEST:  # a sequence's KV heads run side by side: their K rows share DRAM pages
+        kvh = tl.program_id(0)
+        b = tl.program_id(1)
+    else:
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
     split = tl.program_id(2)
     ctx = tl.load(context_lens_ptr + b)
     per_split = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
@@ -203,18 +212,30 @@ def _paged_decode_quant_kernel(
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
+    table = block_tables_ptr + b * stride_bt
+    offs_t = tl.arange(0, BLOCK_N)
+    if TABLE_AHEAD:  # the next tile's block ids are loaded a tile ahead, so K/V addresses need no load first
+        block = _table_tile(table, start, end, offs_t, PAGE)
     for n0 in range(start, full_end, BLOCK_N):
+        if TABLE_AHEAD:
+            block_next = _table_tile(table, n0 + BLOCK_N, end, offs_t, PAGE)
+        else:
+            block = tl.load(table + (n0 + offs_t) // PAGE).to(tl.int64)
         m_i, l_i, acc = _attend_tile(
-            q, q8, q_row, q_sum, m_i, l_i, acc, n0, end, b, kvh,
-            k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, stride_bt,
+            q, q8, q_row, q_sum, m_i, l_i, acc, n0, end, block, kvh,
+            k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
             stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_vd, stride_sb, stride_st, stride_sh,
             k_head_scale, v_head_scale, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, QUANT, FP16_DOT, INT8_QK, V_DIM_MAJOR,
             SCALE_TOKEN_CONTIG, RUN, PTX, False,
         )
+        if TABLE_AHEAD:
+            block = block_next
     if full_end < end:
+        if not TABLE_AHEAD:
+            block = _table_tile(table, full_end, end, offs_t, PAGE)
         m_i, l_i, acc = _attend_tile(
-            q, q8, q_row, q_sum, m_i, l_i, acc, full_end, end, b, kvh,
-            k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, stride_bt,
+            q, q8, q_row, q_sum, m_i, l_i, acc, full_end, end, block, kvh,
+            k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
             stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_vd, stride_sb, stride_st, stride_sh,
             k_head_scale, v_head_scale, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, QUANT, FP16_DOT, INT8_QK, V_DIM_MAJOR,
             SCALE_TOKEN_CONTIG, RUN, PTX, True,
@@ -266,6 +287,8 @@ def paged_attention_decode_quant_triton(
     fp16_dots: bool | None = None,
     int8_qk: bool | None = None,
     maxnreg: int | None = None,
+    table_ahead: bool = False,
+    heads_fastest: bool = False,
 ) -> torch.Tensor:
     """q [B, Hq, D] at position context_lens[b]-1 over an int8/fp8 (or 16-bit, scales None) paged cache.
 
@@ -329,7 +352,8 @@ def paged_attention_decode_quant_triton(
         stages["maxnreg"] = maxnreg
     v_s = v_scale if v_scale is not None else v_cache
     scale_strides = k_scale.stride() if quant == QUANT_INT8 else (0, 0, 0)
-    _paged_decode_quant_kernel[(batch, num_kv_heads, num_splits)](
+    grid = (num_kv_heads, batch, num_splits) if heads_fastest else (batch, num_kv_heads, num_splits)
+    _paged_decode_quant_kernel[grid](
         q, k_cache, v_cache, k_s, v_s, block_tables, context_lens, out, part_o, part_lse,
         q.stride(0), q.stride(1), block_tables.stride(0), out.stride(0), out.stride(1),
         part_o.stride(0), part_o.stride(1), part_o.stride(2) if num_splits > 1 else 0,
@@ -341,7 +365,7 @@ def paged_attention_decode_quant_triton(
         NUM_SPLITS=num_splits, QUANT=quant, FP16_DOT=fp16_dots and quant != QUANT_NONE, INT8_QK=int8_qk,
         V_DIM_MAJOR=is_dim_major(v_cache) and page % 16 == 0 and block_n % 16 == 0,
         SCALE_TOKEN_CONTIG=quant == QUANT_INT8 and is_token_contiguous(k_scale) and page % 4 == 0 and block_n % 4 == 0,
-        RUN=min(page, block_n), PTX=q.is_cuda,
+        RUN=min(page, block_n), PTX=q.is_cuda, TABLE_AHEAD=table_ahead, HEADS_FASTEST=heads_fastest,
         num_warps=num_warps, **stages,
     )
     if num_splits > 1:
