@@ -28,12 +28,13 @@ SHAPES = [(64, 1024), (64, 8192)]
 
 def make_cache(batch: int, ctx: int, mode: str, gen: torch.Generator, layout: str = "engine"):
     """Random caches; 8-bit ones in the engine's layout (V dim-major, int8 scales token-contiguous,
-    kv_quant/layout.py) or, with layout="contiguous", all token-major as before session 3."""
+    kv_quant/layout.py), with layout="contiguous" all token-major as before session 3, with
+    layout="token-v" V token-major and the scales token-contiguous."""
     k, v, ks, vs, tables = _make_contiguous(batch, ctx, mode, gen)
     if mode == "bf16" or layout == "contiguous":
         return k, v, ks, vs, tables
     num_blocks = k.shape[0]
-    v_dm = zeros_dim_major((), num_blocks, PAGE, HKV, D, v.dtype, "cuda")
+    v_dm = v if layout == "token-v" else zeros_dim_major((), num_blocks, PAGE, HKV, D, v.dtype, "cuda")
     v_dm.copy_(v)
     if mode == "int8":
         ks_t, vs_t = (zeros_token_contiguous((), num_blocks, PAGE, HKV, torch.float32, "cuda") for _ in range(2))
@@ -119,23 +120,22 @@ def _grid(**axes) -> list[dict]:
 
 
 SWEEP = {
-    "bf16": [{}, {"heads_fastest": True}],
+    "bf16": [{}],
     "int8": [
-        {}, {"layout": "contiguous"}, {"heads_fastest": True}, {"heads_fastest": True, "layout": "contiguous"},
-        *_grid(heads_fastest=[True], block_n=[128], num_warps=[4], maxnreg=[0, 128], num_splits=[1, 2, 4]),
-        *_grid(heads_fastest=[True], block_n=[64], num_warps=[2], num_splits=[1, 2, 4], table_ahead=[False, True],
-               num_stages=[4]),
+        {}, {"layout": "contiguous"}, {"layout": "token-v"}, {"layout": "token-v", "num_splits": 1},
+        {"layout": "token-v", "num_splits": 4}, {"layout": "token-v", "maxnreg": 168},
+        {"layout": "token-v", "block_n": 64, "num_warps": 2, "maxnreg": 0},
+        {"layout": "token-v", "table_ahead": True, "num_stages": 3, "maxnreg": 0},
+        {"block_n": 64, "num_warps": 4, "maxnreg": 0}, {"block_n": 64, "num_warps": 4, "maxnreg": 128, "num_splits": 4},
+        {"block_n": 32, "num_warps": 2, "maxnreg": 0, "num_splits": 4},
     ],
-    "fp8": [
-        {}, {"heads_fastest": True},
-        *_grid(heads_fastest=[True], block_n=[64], num_warps=[2], num_splits=[1, 2, 4], table_ahead=[False, True],
-               num_stages=[4]),
-    ],
+    "fp8": [{}, {"layout": "contiguous"}, {"block_n": 64, "num_warps": 4, "maxnreg": 0},
+            {"block_n": 64, "num_warps": 2, "num_splits": 1, "table_ahead": True, "num_stages": 4}],
 }
 
 
 def sweep_mode(batch: int, ctx: int, mode: str, gen: torch.Generator) -> list[dict]:
-    caches = {name: make_cache(batch, ctx, mode, gen, name) for name in ("engine", "contiguous")}
+    caches = {name: make_cache(batch, ctx, mode, gen, name) for name in ("engine", "contiguous", "token-v")}
     q = torch.randn(batch, HQ, D, device="cuda", dtype=torch.bfloat16)
     ctx_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     total = 2 * batch * ctx * HKV * D * (1 if mode != "bf16" else 2) + (2 * batch * ctx * HKV * 4 if mode == "int8" else 0)

@@ -21,7 +21,7 @@ gen = torch.Generator().manual_seed(0)
 extra = {"heads_fastest": True} if "--heads-fastest" in sys.argv else {}
 modes = next((a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--modes=")), ["bf16", "int8", "fp8"])
 layouts = next((a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--layouts=")), ["engine"])
-for mode, layout in ((m, lay) for m in modes for lay in layouts):
+for mode, layout in ((m, lay) for m in modes for lay in layouts):  # layouts: bench_kv_quant.make_cache
     k, v, ks, vs, tables = make_cache(64, 8192, mode, gen, layout)
     q = torch.randn(64, 32, D, device="cuda", dtype=torch.bfloat16)
     lens = torch.full((64,), 8192, dtype=torch.int32, device="cuda")
