@@ -122,15 +122,17 @@ def _grid(**axes) -> list[dict]:
 SWEEP = {
     "bf16": [{}],
     "int8": [
-        {}, {"layout": "contiguous"}, {"layout": "token-v"}, {"layout": "token-v", "num_splits": 1},
-        {"layout": "token-v", "num_splits": 4}, {"layout": "token-v", "maxnreg": 168},
-        {"layout": "token-v", "block_n": 64, "num_warps": 2, "maxnreg": 0},
-        {"layout": "token-v", "table_ahead": True, "num_stages": 3, "maxnreg": 0},
-        {"block_n": 64, "num_warps": 4, "maxnreg": 0}, {"block_n": 64, "num_warps": 4, "maxnreg": 128, "num_splits": 4},
-        {"block_n": 32, "num_warps": 2, "maxnreg": 0, "num_splits": 4},
+        {}, {"layout": "token-v"}, {"num_splits": 1}, {"num_splits": 4}, {"maxnreg": 0}, {"maxnreg": 168},
+        {"block_n": 64, "num_warps": 2, "maxnreg": 0}, {"block_n": 64, "num_warps": 4, "maxnreg": 0},
+        {"block_n": 64, "num_warps": 4, "maxnreg": 128, "num_splits": 4},
+        {"table_ahead": True, "num_stages": 3}, {"table_ahead": True, "num_stages": 4, "maxnreg": 0},
+        {"table_ahead": True, "num_stages": 3, "block_n": 64, "num_warps": 2, "maxnreg": 0},
+        {"int8_qk": False},
     ],
-    "fp8": [{}, {"layout": "contiguous"}, {"block_n": 64, "num_warps": 4, "maxnreg": 0},
-            {"block_n": 64, "num_warps": 2, "num_splits": 1, "table_ahead": True, "num_stages": 4}],
+    "fp8": [{}, {"layout": "contiguous"}, {"block_n": 64, "num_warps": 2, "num_splits": 1},
+            {"block_n": 64, "num_warps": 2, "num_splits": 1, "table_ahead": True, "num_stages": 4},
+            {"block_n": 128, "num_warps": 4, "maxnreg": 128, "num_splits": 2},
+            {"block_n": 128, "num_warps": 4, "maxnreg": 128, "num_splits": 2, "table_ahead": True, "num_stages": 3}],
 }
 
 

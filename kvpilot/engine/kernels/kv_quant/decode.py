@@ -103,8 +103,6 @@ def _attend_tile(
     slot = offs_n % PAGE
     k_off = (block * stride_kb + slot * stride_kt + kvh * stride_kh)[:, None] + offs_d[None, :]
     v_off = (block * stride_vb + slot * stride_vt + kvh * stride_vh)[:, None] + offs_d[None, :] * stride_vd
-    if V_DIM_MAJOR:  # runs of PAGE tokens are contiguous and start 16-byte aligned
-        v_off = tl.max_contiguous(tl.multiple_of(v_off, [RUN, 1]), [RUN, 1])
     if QUANT == 1:
         s_off = block * stride_sb + slot * stride_st + kvh * stride_sh
         if SCALE_TOKEN_CONTIG:
@@ -134,11 +132,23 @@ def _attend_tile(
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    if MASKED:
-        v_raw = tl.load(v_cache_ptr + v_off, mask=kv_mask, other=0.0)
+    if V_DIM_MAJOR:
+        # loaded as V^T [D, N], tokens along the contiguous axis, then transposed for the product:
+        # the same shape of access as K (whose loads and shared-memory stores are ideal); an [N, D]
+        # tile of dim-major V had twice the L2 sectors and 8x the shared wavefronts (ncu, session 3)
+        vt_off = (block * stride_vb + slot * stride_vt + kvh * stride_vh)[None, :] + offs_d[:, None] * stride_vd
+        vt_off = tl.max_contiguous(tl.multiple_of(vt_off, [1, RUN]), [1, RUN])
+        if MASKED:
+            vt_raw = tl.load(v_cache_ptr + vt_off, mask=(offs_d[:, None] < HEAD_DIM) & mask_n[None, :], other=0.0)
+        else:
+            vt_raw = tl.load(v_cache_ptr + vt_off)
+        v = tl.trans(_dot_operand(vt_raw, QUANT, FP16_DOT, q.dtype, PTX))
     else:
-        v_raw = tl.load(v_cache_ptr + v_off)
-    v = _dot_operand(v_raw, QUANT, FP16_DOT, q.dtype, PTX)
+        if MASKED:
+            v_raw = tl.load(v_cache_ptr + v_off, mask=kv_mask, other=0.0)
+        else:
+            v_raw = tl.load(v_cache_ptr + v_off)
+        v = _dot_operand(v_raw, QUANT, FP16_DOT, q.dtype, PTX)
     if QUANT == 1:
         p = p * v_tok_scale[None, :]
     if QUANT == 2:
