@@ -122,17 +122,20 @@ def _grid(**axes) -> list[dict]:
 SWEEP = {
     "bf16": [{}],
     "int8": [
-        {}, {"layout": "token-v"}, {"num_splits": 1}, {"num_splits": 4}, {"maxnreg": 0}, {"maxnreg": 168},
-        {"block_n": 64, "num_warps": 2, "maxnreg": 0}, {"block_n": 64, "num_warps": 4, "maxnreg": 0},
-        {"block_n": 64, "num_warps": 4, "maxnreg": 128, "num_splits": 4},
-        {"table_ahead": True, "num_stages": 3}, {"table_ahead": True, "num_stages": 4, "maxnreg": 0},
-        {"table_ahead": True, "num_stages": 3, "block_n": 64, "num_warps": 2, "maxnreg": 0},
-        {"int8_qk": False},
+        {}, {"layout": "token-v"}, {"v_paged_load": True}, {"v_paged_load": True, "num_splits": 1},
+        {"v_paged_load": True, "num_splits": 4}, {"v_paged_load": True, "maxnreg": 0},
+        {"v_paged_load": True, "maxnreg": 168},
+        {"v_paged_load": True, "block_n": 64, "num_warps": 2, "maxnreg": 0},
+        {"v_paged_load": True, "block_n": 64, "num_warps": 2, "maxnreg": 0, "num_splits": 1},
+        {"v_paged_load": True, "table_ahead": True, "num_stages": 3},
+        {"v_paged_load": True, "table_ahead": True, "num_stages": 3, "block_n": 64, "num_warps": 2, "maxnreg": 0},
+        {"v_paged_load": True, "int8_qk": False},
     ],
-    "fp8": [{}, {"layout": "contiguous"}, {"block_n": 64, "num_warps": 2, "num_splits": 1},
-            {"block_n": 64, "num_warps": 2, "num_splits": 1, "table_ahead": True, "num_stages": 4},
-            {"block_n": 128, "num_warps": 4, "maxnreg": 128, "num_splits": 2},
-            {"block_n": 128, "num_warps": 4, "maxnreg": 128, "num_splits": 2, "table_ahead": True, "num_stages": 3}],
+    "fp8": [{}, {"v_paged_load": True}, {"block_n": 64, "num_warps": 2, "num_splits": 1},
+            {"v_paged_load": True, "block_n": 64, "num_warps": 2, "num_splits": 1},
+            {"v_paged_load": True, "block_n": 64, "num_warps": 2, "num_splits": 2},
+            {"v_paged_load": True, "block_n": 64, "num_warps": 2, "num_splits": 1, "table_ahead": True, "num_stages": 4},
+            {"v_paged_load": True, "block_n": 128, "num_warps": 4, "maxnreg": 128, "num_splits": 2}],
 }
 
 
@@ -167,7 +170,7 @@ def sweep(batch: int, ctx: int, gen: torch.Generator) -> list[dict]:
         rows += sweep_mode(batch, ctx, mode, gen)
         torch.cuda.empty_cache()
     print(f"sweep at batch {batch}, ctx {ctx}:")
-    cols = ("layout", "block_n", "num_splits", "num_warps", "num_stages", "maxnreg", "table_ahead", "heads_fastest",
+    cols = ("layout", "block_n", "num_splits", "num_warps", "num_stages", "maxnreg", "table_ahead", "v_paged_load",
             "int8_qk")
     print("| cache | " + " | ".join(cols) + " | us | GB/s | rel err |")
     print("|---" * (len(cols) + 4) + "|")

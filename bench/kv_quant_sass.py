@@ -55,7 +55,7 @@ def compile_decode(args: argparse.Namespace):
                   "V_DIM_MAJOR": dim_major, "SCALE_TOKEN_CONTIG": args.mode == "int8" and args.scale_layout == "token",
                   "RUN": min(PAGE, args.block_n), "PTX": not args.no_ptx,
                   "TABLE_AHEAD": args.table_ahead,
-                  "HEADS_FASTEST": False, **ones}
+                  "HEADS_FASTEST": False, "V_PAGED_LOAD": args.v_paged_load, **ones}
     signature.update({name: "constexpr" for name in constexprs})
     attrs = {(ARGS.index(n),): [["tt.divisibility", 16]] for n in ARGS
              if (n.endswith("_ptr") or n in DIVISIBLE) and n not in ones}
@@ -110,6 +110,7 @@ def main() -> None:
     parser.add_argument("--scale-layout", choices=["token", "head"], default="token", help="int8 scale layout")
     parser.add_argument("--no-ptx", action="store_true", help="the generic int8->fp16 widening, not inline PTX")
     parser.add_argument("--table-ahead", action="store_true", help="load block ids a tile ahead")
+    parser.add_argument("--v-paged-load", action="store_true", help="dim-major V loaded page by page [pages, D, PAGE]")
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--keep", type=Path, help="write the cubin and SASS here")
     args = parser.parse_args()

@@ -82,13 +82,14 @@ def _quantize_rows_int8(q):
 
 @triton.jit
 def _attend_tile(
-    q, q8, q_row, q_sum, m_i, l_i, acc, n0, end, block, kvh,
+    q, q8, q_row, q_sum, m_i, l_i, acc, n0, end, block, table_row, kvh,
     k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_vd, stride_sb, stride_st, stride_sh,
     k_head_scale, v_head_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
     QUANT: tl.constexpr, FP16_DOT: tl.constexpr, INT8_QK: tl.constexpr, V_DIM_MAJOR: tl.constexpr,
-    SCALE_TOKEN_CONTIG: tl.constexpr, RUN: tl.constexpr, PTX: tl.constexpr, MASKED: tl.constexpr,
+    SCALE_TOKEN_CONTIG: tl.constexpr, RUN: tl.constexpr, PTX: tl.constexpr, V_PAGED_LOAD: tl.constexpr,
+    MASKED: tl.constexpr,
 ):
     """One BLOCK_N tile of context (tokens n0..n0+BLOCK_N) folded into the online softmax state.
 
@@ -136,12 +137,23 @@ def _attend_tile(
         # loaded as V^T [D, N], tokens along the contiguous axis, then transposed for the product:
         # the same shape of access as K (whose loads and shared-memory stores are ideal); an [N, D]
         # tile of dim-major V had twice the L2 sectors and 8x the shared wavefronts (ncu, session 3)
-        vt_off = (block * stride_vb + slot * stride_vt + kvh * stride_vh)[None, :] + offs_d[:, None] * stride_vd
-        vt_off = tl.max_contiguous(tl.multiple_of(vt_off, [1, RUN]), [1, RUN])
-        if MASKED:
-            vt_raw = tl.load(v_cache_ptr + vt_off, mask=(offs_d[:, None] < HEAD_DIM) & mask_n[None, :], other=0.0)
+        if MASKED or not V_PAGED_LOAD:
+            vt_off = (block * stride_vb + slot * stride_vt + kvh * stride_vh)[None, :] + offs_d[:, None] * stride_vd
+            vt_off = tl.max_contiguous(tl.multiple_of(vt_off, [1, RUN]), [1, RUN])
+            if MASKED:
+                vt_raw = tl.load(v_cache_ptr + vt_off, mask=(offs_d[:, None] < HEAD_DIM) & mask_n[None, :], other=0.0)
+            else:
+                vt_raw = tl.load(v_cache_ptr + vt_off)
         else:
-            vt_raw = tl.load(v_cache_ptr + vt_off)
+            # [D, pages, PAGE]: lanes run along D, so each 8-lane phase of a 16-byte load reads one
+            # contiguous 128-byte line (along N, 8 lanes hit 8 pages and half-fill 8 sectors)
+            offs_p = tl.arange(0, BLOCK_N // PAGE)
+            offs_t = tl.arange(0, PAGE)
+            page = tl.load(table_row + n0 // PAGE + offs_p).to(tl.int64)
+            base = page * stride_vb + kvh * stride_vh
+            v3 = base[None, :, None] + offs_d[:, None, None] * stride_vd + offs_t[None, None, :]
+            v3 = tl.max_contiguous(tl.multiple_of(v3, [1, 1, PAGE]), [1, 1, PAGE])
+            vt_raw = tl.reshape(tl.load(v_cache_ptr + v3), (BLOCK_D, BLOCK_N))
         v = tl.trans(_dot_operand(vt_raw, QUANT, FP16_DOT, q.dtype, PTX))
     else:
         if MASKED:
@@ -180,7 +192,7 @@ def _paged_decode_quant_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr, QUANT: tl.constexpr, FP16_DOT: tl.constexpr, INT8_QK: tl.constexpr,
     V_DIM_MAJOR: tl.constexpr, SCALE_TOKEN_CONTIG: tl.constexpr, RUN: tl.constexpr, PTX: tl.constexpr,
-    TABLE_AHEAD: tl.constexpr, HEADS_FASTEST: tl.constexpr,
+    TABLE_AHEAD: tl.constexpr, HEADS_FASTEST: tl.constexpr, V_PAGED_LOAD: tl.constexpr,
 ):
     if HEADS_FASTEST:  # a sequence's KV heads run side by side: their K rows share DRAM pages
         kvh = tl.program_id(0)
@@ -232,11 +244,11 @@ def _paged_decode_quant_kernel(
         else:
             block = tl.load(table + (n0 + offs_t) // PAGE).to(tl.int64)
         m_i, l_i, acc = _attend_tile(
-            q, q8, q_row, q_sum, m_i, l_i, acc, n0, end, block, kvh,
+            q, q8, q_row, q_sum, m_i, l_i, acc, n0, end, block, table, kvh,
             k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
             stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_vd, stride_sb, stride_st, stride_sh,
             k_head_scale, v_head_scale, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, QUANT, FP16_DOT, INT8_QK, V_DIM_MAJOR,
-            SCALE_TOKEN_CONTIG, RUN, PTX, False,
+            SCALE_TOKEN_CONTIG, RUN, PTX, V_PAGED_LOAD, False,
         )
         if TABLE_AHEAD:
             block = block_next
@@ -244,11 +256,11 @@ def _paged_decode_quant_kernel(
         if not TABLE_AHEAD:
             block = _table_tile(table, full_end, end, offs_t, PAGE)
         m_i, l_i, acc = _attend_tile(
-            q, q8, q_row, q_sum, m_i, l_i, acc, full_end, end, block, kvh,
+            q, q8, q_row, q_sum, m_i, l_i, acc, full_end, end, block, table, kvh,
             k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
             stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_vd, stride_sb, stride_st, stride_sh,
             k_head_scale, v_head_scale, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, QUANT, FP16_DOT, INT8_QK, V_DIM_MAJOR,
-            SCALE_TOKEN_CONTIG, RUN, PTX, True,
+            SCALE_TOKEN_CONTIG, RUN, PTX, V_PAGED_LOAD, True,
         )
 
     out = acc / tl.maximum(l_i, 1e-30)[:, None]
@@ -299,6 +311,7 @@ def paged_attention_decode_quant_triton(
     maxnreg: int | None = None,
     table_ahead: bool = False,
     heads_fastest: bool = False,
+    v_paged_load: bool = False,
 ) -> torch.Tensor:
     """q [B, Hq, D] at position context_lens[b]-1 over an int8/fp8 (or 16-bit, scales None) paged cache.
 
@@ -376,6 +389,7 @@ def paged_attention_decode_quant_triton(
         V_DIM_MAJOR=is_dim_major(v_cache) and page % 16 == 0 and block_n % 16 == 0,
         SCALE_TOKEN_CONTIG=quant == QUANT_INT8 and is_token_contiguous(k_scale) and page % 4 == 0 and block_n % 4 == 0,
         RUN=min(page, block_n), PTX=q.is_cuda, TABLE_AHEAD=table_ahead, HEADS_FASTEST=heads_fastest,
+        V_PAGED_LOAD=v_paged_load and is_dim_major(v_cache) and page % 16 == 0 and block_n % page == 0,
         num_warps=num_warps, **stages,
     )
     if num_splits > 1:
