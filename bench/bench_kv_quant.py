@@ -119,24 +119,13 @@ def _grid(**axes) -> list[dict]:
     return [dict(zip(keys, values, strict=True)) for values in itertools.product(*axes.values())]
 
 
-SWEEP = {
-    "bf16": [{}],
-    "int8": [
-        {}, {"layout": "token-v"}, {"v_paged_load": True}, {"v_paged_load": True, "num_splits": 1},
-        {"v_paged_load": True, "num_splits": 4}, {"v_paged_load": True, "maxnreg": 0},
-        {"v_paged_load": True, "maxnreg": 168},
-        {"v_paged_load": True, "block_n": 64, "num_warps": 2, "maxnreg": 0},
-        {"v_paged_load": True, "block_n": 64, "num_warps": 2, "maxnreg": 0, "num_splits": 1},
-        {"v_paged_load": True, "table_ahead": True, "num_stages": 3},
-        {"v_paged_load": True, "table_ahead": True, "num_stages": 3, "block_n": 64, "num_warps": 2, "maxnreg": 0},
-        {"v_paged_load": True, "int8_qk": False},
-    ],
-    "fp8": [{}, {"v_paged_load": True}, {"block_n": 64, "num_warps": 2, "num_splits": 1},
-            {"v_paged_load": True, "block_n": 64, "num_warps": 2, "num_splits": 1},
-            {"v_paged_load": True, "block_n": 64, "num_warps": 2, "num_splits": 2},
-            {"v_paged_load": True, "block_n": 64, "num_warps": 2, "num_splits": 1, "table_ahead": True, "num_stages": 4},
-            {"v_paged_load": True, "block_n": 128, "num_warps": 4, "maxnreg": 128, "num_splits": 2}],
-}
+_PAGED = [
+    *_grid(v_paged_load=[True], block_n=[64], num_warps=[2], num_splits=[1, 2], num_stages=[2, 3, 4], maxnreg=[0, 128]),
+    *_grid(v_paged_load=[True], block_n=[32], num_warps=[1], num_splits=[1, 2], maxnreg=[0]),
+    *_grid(v_paged_load=[True], block_n=[64], num_warps=[1], num_splits=[1], maxnreg=[0]),
+    *_grid(v_paged_load=[True], block_n=[128], num_warps=[2], num_splits=[1], maxnreg=[0]),
+]
+SWEEP = {"bf16": [{}], "int8": [{}, *_PAGED], "fp8": [{}, *_PAGED]}
 
 
 def sweep_mode(batch: int, ctx: int, mode: str, gen: torch.Generator) -> list[dict]:
