@@ -119,12 +119,8 @@ def _grid(**axes) -> list[dict]:
     return [dict(zip(keys, values, strict=True)) for values in itertools.product(*axes.values())]
 
 
-_PAGED = [
-    *_grid(v_paged_load=[True], block_n=[64], num_warps=[2], num_splits=[1, 2], num_stages=[2, 3, 4], maxnreg=[0, 128]),
-    *_grid(v_paged_load=[True], block_n=[32], num_warps=[1], num_splits=[1, 2], maxnreg=[0]),
-    *_grid(v_paged_load=[True], block_n=[64], num_warps=[1], num_splits=[1], maxnreg=[0]),
-    *_grid(v_paged_load=[True], block_n=[128], num_warps=[2], num_splits=[1], maxnreg=[0]),
-]
+_PAGED = _grid(v_paged_load=[True], block_n=[128, 256], num_warps=[1, 2], num_splits=[1, 2], num_stages=[2, 3],
+               maxnreg=[0])
 SWEEP = {"bf16": [{}], "int8": [{}, *_PAGED], "fp8": [{}, *_PAGED]}
 
 
