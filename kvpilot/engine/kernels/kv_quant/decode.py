@@ -8,13 +8,21 @@ multiplies the scores, the V scale multiplies the probabilities before the PV pr
 int8 caches score with an int8 x int8 MMA by default (`int8_qk`): the query rows are quantised
 per head in the kernel (symmetric, scale amax/127, as SageAttention does for Q and K), so the K
 tile needs no conversion at all; P x V stays a 16-bit product. This adds the query's rounding to
-the scores (relative error ~7e-3 of the output on random data against ~2e-3 without it) for
-1.19x the speed (docs/benchmarks.md). The launch defaults per cache format are measured on the
-H200 (`LAUNCH`): the 8-bit kernels are latency-bound (few resident warps), not bandwidth-bound,
-so they want capped registers and more context splits than the 16-bit kernel.
+the scores (relative error ~7e-3 of the output on random data against ~2e-3 without it).
+
+What makes the 8-bit kernel fast (session 3, docs/benchmarks.md "8-bit decode, session 3"):
+- V is stored dim-major within a block (kv_quant/layout.py), so the P x V operand has tokens
+  contiguous; token-major 8-bit V had to be transposed byte by byte through shared memory.
+- that V is gathered page by page as [D, pages, PAGE]: each 8-lane phase of a 16-byte load then
+  reads one whole 128-byte line.
+- full tiles load without masks (only the last, partial tile is masked), int8 -> fp16 widening is
+  three PTX instructions per four values, and the scales are folded into the scores and P.
+- launch: 128-token tiles, 2 warps, one context split at batch 64 (`LAUNCH`).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -283,13 +291,25 @@ def _quant_mode(k_cache: torch.Tensor, q: torch.Tensor) -> int:
     return QUANT_NONE
 
 
-# Launch defaults per cache format, from the H200 sweeps in docs/benchmarks.md ("8-bit decode"):
-# (block_n, num_warps, register cap per thread, waves of programs the context splits aim for,
-#  fp16 dots, int8 x int8 scores).
+class Launch(NamedTuple):
+    """Launch defaults of one cache format."""
+
+    block_n: int
+    num_warps: int
+    maxnreg: int | None  # register cap per thread (None: the compiler's choice)
+    waves: int  # programs per SM the context splits aim for
+    num_stages: int | None
+    fp16_dots: bool
+    int8_qk: bool
+    v_paged_load: bool  # dim-major V gathered page by page (see _attend_tile)
+
+
+# From the H200 sweeps in docs/benchmarks.md ("8-bit decode, session 3"): batch 64, Llama-3-8B shapes,
+# contexts 1024 and 8192; the 8-bit rows were the fastest of 40+ launches at both contexts.
 LAUNCH = {
-    QUANT_NONE: (64, 4, None, 2, False, False),
-    QUANT_INT8: (128, 4, 128, 4, True, True),
-    QUANT_FP8: (64, 2, None, 16, True, False),
+    QUANT_NONE: Launch(64, 4, None, 2, None, False, False, False),
+    QUANT_INT8: Launch(128, 2, None, 2, 2, True, True, True),
+    QUANT_FP8: Launch(128, 2, None, 2, 2, True, False, True),
 }
 
 
@@ -311,11 +331,12 @@ def paged_attention_decode_quant_triton(
     maxnreg: int | None = None,
     table_ahead: bool = False,
     heads_fastest: bool = False,
-    v_paged_load: bool = False,
+    v_paged_load: bool | None = None,
 ) -> torch.Tensor:
     """q [B, Hq, D] at position context_lens[b]-1 over an int8/fp8 (or 16-bit, scales None) paged cache.
 
-    Arguments left None take the measured defaults of `LAUNCH` for the cache format.
+    Arguments left None take the measured defaults of `LAUNCH` for the cache format. table_ahead,
+    heads_fastest and v_paged_load are launch variants kept for the sweeps (bench/bench_kv_quant.py).
     fp16_dots (8-bit caches only): run the products in fp16 (q converted once per program), with
     int8 tiles widened by `_int8_as_fp16` and fp8 by the hardware e4m3->f16 conversion, instead of
     converting every tile to bf16 through fp32. int8_qk (int8 caches only): scores by an int8 MMA
@@ -349,18 +370,20 @@ def paged_attention_decode_quant_triton(
     assert block_tables.stride(1) == 1, "block_tables rows must be contiguous"
     assert context_lens.dtype == torch.int32 and context_lens.shape == (batch,)
     group = num_heads // num_kv_heads
-    d_block_n, d_warps, d_maxnreg, waves, d_fp16, d_int8_qk = LAUNCH[quant]
-    block_n = d_block_n if block_n is None else block_n
-    maxnreg = d_maxnreg if maxnreg is None else maxnreg
-    num_warps = d_warps if num_warps is None else num_warps
-    fp16_dots = d_fp16 if fp16_dots is None else fp16_dots
-    int8_qk = d_int8_qk and int8_scores(k_cache.dtype, head_dim) if int8_qk is None else int8_qk
+    d = LAUNCH[quant]
+    block_n = d.block_n if block_n is None else block_n
+    maxnreg = d.maxnreg if maxnreg is None else maxnreg
+    num_warps = d.num_warps if num_warps is None else num_warps
+    num_stages = d.num_stages if num_stages is None else num_stages
+    fp16_dots = d.fp16_dots if fp16_dots is None else fp16_dots
+    v_paged_load = d.v_paged_load if v_paged_load is None else v_paged_load
+    int8_qk = d.int8_qk and int8_scores(k_cache.dtype, head_dim) if int8_qk is None else int8_qk
     assert not int8_qk or int8_scores(k_cache.dtype, head_dim), (
         f"int8_qk needs an int8 cache and head_dim >= {INT8_QK_MIN_HEAD_DIM}, got {k_cache.dtype}, {head_dim}"
     )
     if num_splits is None:
-        # a power of two: the H200 sweep ran 1/2/4/8 splits (5 for fp8 at batch 64 measured 406 us, 8: 362 us)
-        num_splits = min(16, triton.next_power_of_2(default_num_splits(batch * num_kv_heads, q.device, waves=waves)))
+        # a power of two: the H200 sweeps ran 1/2/4/8 splits
+        num_splits = min(16, triton.next_power_of_2(default_num_splits(batch * num_kv_heads, q.device, waves=d.waves)))
     out = torch.empty_like(q)
     if batch == 0:
         return out
