@@ -33,6 +33,9 @@ class Context:
     linear_slots: torch.Tensor | None = None
     decode_linear_slots: torch.Tensor | None = None
     linear_exact: list[bool] | None = None  # per sequence (prefill then decode): runtime validation's fallback
+    # a decode step over the CUDA-graph static buffers (cuda_graphs.StaticInputs): captured, replayed, or its
+    # padded eager twin; host-side one-off work (fp8 scale calibration) must not run inside it
+    graph_static: bool = False
 
     @property
     def is_prefill(self) -> bool:

@@ -19,13 +19,14 @@ something a graph cannot repeat (decided by inspection; when in doubt, eager):
     (exact window + summary, per-sequence exact-path flags), MLA conversion or native MLA
     (latent cache, per-step plans), and the recurrent linear state;
   - `kv_cache_dtype` auto switching: the step is split by pool on the host (`split_by_pool`);
-  - fp8 caches: the first store calibrates the per-layer scales from the data (host control flow;
-    capture would calibrate on padding);
   - eviction: resident views shrink and positions run ahead of context lengths.
 - a step runs eagerly (`step_fallback_reason`) when it has prefill chunks (prefill or mixed),
   its batch exceeds the largest bucket, its block table is wider than the static one, or any
   module has a forward hook: runtime-validation steps and gqa_head_utilization sampling steps
   hook a layer to read its output or queries, and a replay would not call them.
+fp8 caches capture too: their per-layer scales are calibrated from a layer's first write, which is
+always an eager prefill step (a sequence is prefilled before it decodes), and updated in place, so
+a graph captured earlier reads the calibrated scales; static steps never calibrate (`graph_static`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from kvpilot.engine.context import Context, reset_context, set_context
 log = logging.getLogger("kvpilot.engine.cuda_graphs")
 
 GRAPH_FAMILIES = ("llama", "mistral", "qwen2")
-GRAPH_KV_KINDS = ("model", "float32", "float16", "bfloat16", "int8")
+GRAPH_KV_KINDS = ("model", "float32", "float16", "bfloat16", "int8", "fp8")
 TABLE_WIDTH_MULTIPLE = 16  # as the runner rounds decode block tables (one Triton specialisation)
 
 
@@ -87,7 +88,7 @@ def engine_fallback_reason(
     if family not in GRAPH_FAMILIES:
         return f"model family {family!r}: graphs are captured for {', '.join(GRAPH_FAMILIES)} only"
     if kv_kind not in GRAPH_KV_KINDS:
-        return f"kv cache {kv_kind!r}: host-side pool split or scale calibration in forward"
+        return f"kv cache {kv_kind!r}: the step is split by pool on the host"
     if eviction != "none":
         return f"eviction {eviction!r}: resident views change the step's layout"
     if latent_cache:
@@ -165,6 +166,7 @@ class StaticInputs:
             slot_mapping=self.slot_mapping[:bucket],
             decode_context_lens=self.context_lens[:bucket],
             decode_block_tables=self.block_tables[:bucket],
+            graph_static=True,
         )
 
 

@@ -194,7 +194,7 @@ class LayerKVQuant:
             dtype16 = attn.k_cache.dtype
             store_kvcache(k.to(dtype16), v.to(dtype16), attn.k_cache, attn.v_cache, split.slots16)
         if split.slots8 is not None:
-            self._store(k, v, split.slots8)
+            self._store(k, v, split.slots8, ctx.graph_static)
         if len(split.parts) == 1 and isinstance(split.parts[0].rows, slice):
             return self._attend(attn, q, split.parts[0])
         out = torch.empty_like(q)
@@ -202,8 +202,10 @@ class LayerKVQuant:
             out[part.rows] = self._attend(attn, q[part.rows], part)
         return out
 
-    def _store(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-        if not self.calibrated:
+    def _store(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, graph_static: bool) -> None:
+        # fp8: calibrate on the layer's first real write, an eager prefill; a CUDA-graph step (capture, or its
+        # padded eager twin) stores with the scale tensors as they are and is only ever replayed after that
+        if not self.calibrated and not graph_static:
             written = slots >= 0
             self.k_scale.copy_(calibrate_fp8_scale(k[written]))
             self.v_scale.copy_(calibrate_fp8_scale(v[written]))

@@ -71,14 +71,14 @@ def test_engine_fallback_plain_llama_captures() -> None:
     assert engine_fallback_reason(**PLAIN) is None
     for family in ("mistral", "qwen2"):
         assert engine_fallback_reason(**{**PLAIN, "family": family}) is None
-    for kind in ("bfloat16", "float16", "int8"):
+    for kind in ("bfloat16", "float16", "int8", "fp8"):
         assert engine_fallback_reason(**{**PLAIN, "kv_kind": kind}) is None
 
 
 @pytest.mark.parametrize(
     ("change", "words"),
     [({"device_type": "cpu"}, "CUDA device"), ({"family": "deepseek_v2"}, "family"), ({"family": "minimax"}, "family"),
-     ({"kv_kind": "auto-switch"}, "auto-switch"), ({"kv_kind": "fp8"}, "fp8"), ({"eviction": "sinks"}, "eviction"),
+     ({"kv_kind": "auto-switch"}, "auto-switch"), ({"eviction": "sinks"}, "eviction"),
      ({"eviction": "ladder"}, "eviction"), ({"latent_cache": True}, "MLA"), ({"recurrent_state": True}, "recurrent"),
      ({"plain_attention": False}, "Performer")],
 )
@@ -190,7 +190,7 @@ def test_cuda_graphs_flag_on_cpu_stays_eager(checkpoint) -> None:
     assert engine(checkpoint, cuda_graphs=True).runner.decode_graphs is None
 
 
-@pytest.mark.parametrize("kv", ["auto", "int8"])
+@pytest.mark.parametrize("kv", ["auto", "int8", "fp8"])
 def test_padded_static_forward_matches_eager_engine(checkpoint, kv: str) -> None:
     rng = random.Random(5)
     prompts = [[rng.randrange(3, 300) for _ in range(rng.randrange(3, 40))] for _ in range(MAX_SEQS)]
@@ -212,3 +212,24 @@ def test_padded_static_forward_matches_eager_engine(checkpoint, kv: str) -> None
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     assert graphs.steps_total >= max(lengths) - 2 and graphs.replays_total == 0
     assert eng.block_manager.num_used_blocks == 0
+
+
+def test_fp8_static_step_before_any_prefill_leaves_scales_uncalibrated(checkpoint) -> None:
+    """Capture runs the static forward (all rows padding) before any prefill: it must neither calibrate the fp8
+    scales on padding nor fail on an empty write; the first real prefill then calibrates as in eager."""
+    eng = engine(checkpoint, kv_cache_dtype="fp8")
+    runner = eng.runner
+    layers = [m.kv_quant for m in runner.model.attention_layers()]
+    before = [(q.k_scale.clone(), q.v_scale.clone()) for q in layers]
+    graphs = DecodeGraphs(runner.model, StaticInputs.allocate(MAX_SEQS, table_width(256, 8), runner.device),
+                          graph_batch_sizes(MAX_SEQS), runner.model_config.hidden_size, runner.dtype)
+    with torch.inference_mode():
+        for bucket in graphs.buckets:
+            graphs._forward(bucket)  # what capture's warm-up and capture run
+    for q, (k_scale, v_scale) in zip(layers, before, strict=True):
+        assert not q.calibrated
+        assert torch.equal(q.k_scale, k_scale) and torch.equal(q.v_scale, v_scale)
+    runner.decode_graphs = graphs
+    engine_greedy(eng, [[5, 6, 7, 8]], [4])
+    assert all(q.calibrated for q in layers)
+    assert graphs.steps_total >= 2 and eng.block_manager.num_used_blocks == 0
