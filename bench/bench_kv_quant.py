@@ -1,12 +1,14 @@
 """Paged GQA decode attention over bf16 vs int8 vs fp8 KV caches (Llama-3-8B attention shapes).
 
-    PYTHONPATH=. python3 bench/bench_kv_quant.py [--json PATH]
+    PYTHONPATH=. python3 bench/bench_kv_quant.py [--shapes 64x1024,64x8192] [--json PATH]
+        [--sweep [--sweep-set paged|splits] [--sweep-shapes 64x8192,...]]
 
 32 query / 8 KV heads, head dim 128, block size 16, shuffled block tables, random data. The same
 kernel (kv_quant.decode) runs all three caches (16-bit: no scales), so only the cache format
 differs; the kernels engineer's bf16 paged_decode runs beside it when importable. GB/s counts the
 bytes the kernel must read: K/V (+ int8 scales) of every context token, plus q and the output.
-Each case is first checked against the fp32 reference on the same quantised cache.
+Each case is first checked against the fp32 reference on the same quantised cache. The HBM roofline
+of the same run: a 1 GiB device-to-device copy (read + write bytes over its time).
 """
 
 from __future__ import annotations
@@ -121,16 +123,38 @@ def _grid(**axes) -> list[dict]:
 
 _PAGED = _grid(v_paged_load=[True], block_n=[128, 256], num_warps=[1, 2], num_splits=[1, 2], num_stages=[2, 3],
                maxnreg=[0])
-SWEEP = {"bf16": [{}], "int8": [{}, *_PAGED], "fp8": [{}, *_PAGED]}
+_SPLITS = _grid(num_splits=[4, 8, 16, 32, 64])
+SWEEPS = {
+    "paged": {"bf16": [{}], "int8": [{}, *_PAGED], "fp8": [{}, *_PAGED]},
+    "splits": {"bf16": [{}, *_SPLITS], "int8": [{}, *_SPLITS], "fp8": [{}, *_SPLITS]},
+}
+SWEEP = SWEEPS["paged"]
 
 
-def sweep_mode(batch: int, ctx: int, mode: str, gen: torch.Generator) -> list[dict]:
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """'64x1024,64x8192' -> [(64, 1024), (64, 8192)] (batch x context)."""
+    try:
+        return [(int(b), int(c)) for b, c in (part.lower().split("x") for part in text.split(",") if part)]
+    except ValueError as exc:
+        raise SystemExit(f"shapes must look like 64x8192,1x32768 (batch x context), got {text!r}") from exc
+
+
+def copy_roofline(gib: float = 1.0) -> dict:
+    """A device-to-device copy of `gib` GiB: the HBM bandwidth this run can reach (read + write bytes)."""
+    n = int(gib * 2**30)
+    src = torch.empty(n, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), warmup=10, rep=100)
+    return {"bytes": 2 * n, "us": ms * 1e3, "GB/s": 2 * n / ms / 1e6}
+
+
+def sweep_mode(batch: int, ctx: int, mode: str, gen: torch.Generator, entries: list[dict]) -> list[dict]:
     caches = {name: make_cache(batch, ctx, mode, gen, name) for name in ("engine", "contiguous", "token-v")}
     q = torch.randn(batch, HQ, D, device="cuda", dtype=torch.bfloat16)
     ctx_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     total = 2 * batch * ctx * HKV * D * (1 if mode != "bf16" else 2) + (2 * batch * ctx * HKV * 4 if mode == "int8" else 0)
     rows = []
-    for entry in SWEEP[mode]:
+    for entry in entries:
         kw = dict(entry)
         layout = kw.pop("layout", "engine")
         k, v, ks, vs, tables = caches[layout]
@@ -148,11 +172,11 @@ def sweep_mode(batch: int, ctx: int, mode: str, gen: torch.Generator) -> list[di
     return rows
 
 
-def sweep(batch: int, ctx: int, gen: torch.Generator) -> list[dict]:
+def sweep(batch: int, ctx: int, gen: torch.Generator, sweep_set: dict = SWEEP) -> list[dict]:
     """Launch parameters of the same kernel per cache format, to pick the defaults from measurements."""
     rows = []
     for mode in ("bf16", "int8", "fp8"):
-        rows += sweep_mode(batch, ctx, mode, gen)
+        rows += [{"batch": batch, "ctx": ctx, **r} for r in sweep_mode(batch, ctx, mode, gen, sweep_set[mode])]
         torch.cuda.empty_cache()
     print(f"sweep at batch {batch}, ctx {ctx}:")
     cols = ("layout", "block_n", "num_splits", "num_warps", "num_stages", "maxnreg", "table_ahead", "v_paged_load",
@@ -168,33 +192,46 @@ def sweep(batch: int, ctx: int, gen: torch.Generator) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json")
-    parser.add_argument("--sweep", action="store_true", help="also sweep launch parameters at batch 64")
-    parser.add_argument("--sweep-ctx", default="8192", help="comma-separated contexts for --sweep")
+    parser.add_argument("--shapes", default=",".join(f"{b}x{c}" for b, c in SHAPES),
+                        help="comma-separated batch x context cases of the table")
+    parser.add_argument("--sweep", action="store_true", help="also sweep launch parameters")
+    parser.add_argument("--sweep-ctx", default="8192", help="comma-separated contexts for --sweep, at batch 64")
+    parser.add_argument("--sweep-shapes", help="batch x context cases for --sweep (instead of --sweep-ctx)")
+    parser.add_argument("--sweep-set", choices=sorted(SWEEPS), default="paged",
+                        help="paged: tile/warps/stages/splits around the paged-V load; splits: context splits only")
     args = parser.parse_args()
+    shapes = parse_shapes(args.shapes)
+    sweep_shapes = parse_shapes(args.sweep_shapes or ",".join(f"64x{c}" for c in args.sweep_ctx.split(",")))
     gen = torch.Generator().manual_seed(0)
     print(f"device: {torch.cuda.get_device_name()}")
+    roofline = copy_roofline()
+    print(f"HBM roofline, 1 GiB device copy: {roofline['us']:.1f} us, {roofline['GB/s']:.0f} GB/s (read + write)")
     try:
         from kvpilot.engine.kernels.paged_decode.launcher import paged_attention_decode_triton as base_decode
     except Exception as exc:  # the base kernel is another engineer's work in progress
         base_decode = None
         print(f"base paged_decode not importable: {exc!r}")
     rows = []
-    for batch, ctx in SHAPES:
+    for batch, ctx in shapes:
         for mode in ("bf16", "int8", "fp8"):
             rows += bench_case(batch, ctx, mode, gen, base_decode)
             torch.cuda.empty_cache()
-    print("| kernel | batch | ctx | us | GB/s | speedup vs bf16 (same kernel) | attn tok/s (32 layers) | rel err vs ref |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| kernel | batch | ctx | us | GB/s | of roofline | speedup vs bf16 (same kernel) | attn tok/s (32 layers) "
+          "| rel err vs ref |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        bf16 = next(x["us"] for x in rows if x["kernel"] == "kv_quant.decode[bf16]" and x["ctx"] == r["ctx"])
+        bf16 = next((x["us"] for x in rows if x["kernel"] == "kv_quant.decode[bf16]"
+                     and (x["batch"], x["ctx"]) == (r["batch"], r["ctx"])), float("nan"))
         print(f"| {r['kernel']} | {r['batch']} | {r['ctx']} | {r['us']:.1f} | {r['GB/s']:.0f} | "
-              f"{bf16 / r['us']:.2f}x | {r['attn_tok_s_32_layers']:.0f} | {r['rel_err_vs_ref']:.1e} |")
+              f"{r['GB/s'] / roofline['GB/s']:.0%} | {bf16 / r['us']:.2f}x | {r['attn_tok_s_32_layers']:.0f} | "
+              f"{r['rel_err_vs_ref']:.1e} |")
     bytes_per_token = {"bf16": 2 * LAYERS * HKV * D * 2, "int8": 2 * LAYERS * HKV * (D + 4), "fp8": 2 * LAYERS * HKV * D}
     print(f"KV bytes per token (Llama-3-8B, 32 layers): {bytes_per_token}")
-    swept = [r for c in args.sweep_ctx.split(",") for r in sweep(64, int(c), gen)] if args.sweep else []
+    swept = [r for b, c in sweep_shapes for r in sweep(b, c, gen, SWEEPS[args.sweep_set])] if args.sweep else []
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "bytes_per_token": bytes_per_token, "sweep": swept}, f, indent=1)
+            json.dump({"rows": rows, "bytes_per_token": bytes_per_token, "sweep": swept, "roofline": roofline}, f,
+                      indent=1)
 
 
 if __name__ == "__main__":

@@ -49,10 +49,12 @@ CACHES = {"bf16": {}, "int8": {"kv_cache_dtype": "int8"}, "fp8": {"kv_cache_dtyp
           "auto": {"kv_quant_auto_threshold": 32}}
 
 
-def build_checkpoint(out: Path, layers: int) -> Path:
+def build_checkpoint(out: Path, layers: int, max_len: int = 0) -> Path:
+    """Random bf16 Llama-3-8B-shaped checkpoint; max_position_embeddings grows to fit max_len tokens."""
     import transformers
 
-    raw = model_config("llama", "tiny", num_hidden_layers=layers, torch_dtype="bfloat16", **LLAMA3_8B)
+    shapes = {**LLAMA3_8B, "max_position_embeddings": max(LLAMA3_8B["max_position_embeddings"], max_len)}
+    raw = model_config("llama", "tiny", num_hidden_layers=layers, torch_dtype="bfloat16", **shapes)
     raw.pop("architectures")
     raw.pop("model_type")
     config = transformers.AutoConfig.for_model("llama", **raw)
@@ -202,7 +204,8 @@ def main() -> None:
         raise SystemExit("bench_kv_quant_engine needs CUDA (run it on the device machine)")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_checkpoint(Path(tmp) / "llama3-8b-shapes", args.layers)
+        path = build_checkpoint(Path(tmp) / "llama3-8b-shapes", args.layers,
+                                args.context + max(args.new_tokens, args.warmup_tokens) + 16)
         for name in args.caches.split(","):
             results.append(run_cache(path, name, args))
             print(json.dumps(results[-1]), flush=True)
