@@ -123,7 +123,7 @@ def _grid(**axes) -> list[dict]:
 
 _PAGED = _grid(v_paged_load=[True], block_n=[128, 256], num_warps=[1, 2], num_splits=[1, 2], num_stages=[2, 3],
                maxnreg=[0])
-_SPLITS = _grid(num_splits=[4, 8, 16, 32, 64])
+_SPLITS = _grid(num_splits=[1, 2, 4, 8, 16, 32, 64])
 SWEEPS = {
     "paged": {"bf16": [{}], "int8": [{}, *_PAGED], "fp8": [{}, *_PAGED]},
     "splits": {"bf16": [{}, *_SPLITS], "int8": [{}, *_SPLITS], "fp8": [{}, *_SPLITS]},

@@ -109,3 +109,24 @@ def test_decode_agrees_across_layouts_and_gather_variants(mode: str) -> None:
         # only the layout differs: same values, same order (P is rounded to fp16 per tile, so per block_n)
         assert rel_err(got, bases[kw["block_n"]]) < 1e-5, kw
         assert rel_err(got, want) < 1e-3, kw
+
+
+@pytest.mark.parametrize(
+    ("programs", "context", "block_n", "want"),
+    [
+        (8, 32768, 128, 64),  # batch 1 x 8 KV heads on 132 SMs: 33 wanted -> 64, 128 tiles allow it
+        (16, 32768, 128, 32),  # batch 2
+        (64, 32768, 128, 8),  # batch 8: 5 wanted -> 8
+        (128, 32768, 128, 4),  # batch 16
+        (512, 8192, 128, 1),  # batch 64: one program per (sequence, head) already fills two waves
+        (8, 1024, 128, 4),  # short context: at least two 128-token tiles per split
+        (8, 1024, 64, 8),
+        (8, 100, 128, 1),  # less than two tiles: no split
+    ],
+)
+def test_pow2_splits(programs: int, context: int, block_n: int, want: int) -> None:
+    from kvpilot.engine.kernels.kv_quant.split_reduce import pow2_splits
+
+    got = pow2_splits(programs, 132, context, block_n)
+    assert got == want
+    assert got & (got - 1) == 0

@@ -38,7 +38,7 @@ from kvpilot.engine.kernels.kv_quant.layout import (
 )
 from kvpilot.engine.kernels.kv_quant.qk_policy import INT8_QK_MIN_HEAD_DIM, int8_scores
 from kvpilot.engine.kernels.kv_quant.reference import FP8_DTYPE
-from kvpilot.engine.kernels.kv_quant.split_reduce import default_num_splits, split_reduce
+from kvpilot.engine.kernels.kv_quant.split_reduce import pow2_splits, split_reduce
 
 QUANT_NONE, QUANT_INT8, QUANT_FP8 = 0, 1, 2
 LOG2E = 1.4426950408889634
@@ -382,8 +382,10 @@ def paged_attention_decode_quant_triton(
         f"int8_qk needs an int8 cache and head_dim >= {INT8_QK_MIN_HEAD_DIM}, got {k_cache.dtype}, {head_dim}"
     )
     if num_splits is None:
-        # a power of two: the H200 sweeps ran 1/2/4/8 splits
-        num_splits = min(16, triton.next_power_of_2(default_num_splits(batch * num_kv_heads, q.device, waves=d.waves)))
+        num_splits = 1
+        if q.is_cuda:
+            sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+            num_splits = pow2_splits(batch * num_kv_heads, sms, block_tables.shape[1] * page, block_n, waves=d.waves)
     out = torch.empty_like(q)
     if batch == 0:
         return out

@@ -48,9 +48,13 @@ def split_reduce(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor
     )
 
 
-def default_num_splits(num_programs: int, device: torch.device, max_splits: int = 16, waves: int = 2) -> int:
-    """Enough context splits for about `waves` programs per SM on the device (1 on CPU)."""
-    if device.type != "cuda":
-        return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(max_splits, -(-waves * sms // max(1, num_programs))))
+def pow2_splits(num_programs: int, sms: int, max_context: int, block_n: int, *, waves: int = 2,
+                min_tiles: int = 2, max_splits: int = 64) -> int:
+    """Context splits for a decode launch, a power of two: enough for about `waves` programs per SM, but
+    at least `min_tiles` tiles of `block_n` tokens per split of the longest context, and at most
+    `max_splits`. At batch 1 x 32768 tokens (8 KV heads, 132 SMs) that is 64 splits, where a cap of 16
+    left 128 programs of 16 tiles each on the H200 (docs/benchmarks.md, session 4)."""
+    want = -(-waves * sms // max(1, num_programs))
+    cap = max(1, min(max_splits, max_context // (min_tiles * block_n)))
+    cap = 1 << (cap.bit_length() - 1)  # largest power of two <= cap
+    return min(cap, 1 << max(0, want - 1).bit_length())
