@@ -65,7 +65,9 @@ class Attention(nn.Module):
         group = self.num_heads // self.num_kv_heads
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
+        # 4-D [1, H, T, D]: SDPA's flash / memory-efficient kernels take only 4-D inputs; 3-D fell back to the
+        # math kernel, whose [H, T, T] scores took 32 GiB at 16k tokens (runtime validation's dense recompute)
         out = F.scaled_dot_product_attention(
-            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=self.scale
+            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], is_causal=True, scale=self.scale
         )
-        return out.transpose(0, 1)
+        return out[0].transpose(0, 1)

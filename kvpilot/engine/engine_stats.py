@@ -129,5 +129,6 @@ def build_feed(
             "checks_total": 0,
             "fallbacks_total": dict.fromkeys(FALLBACK_REASONS, 0),
             "last_cosine": None,
+            "checks_skipped_total": 0,
         },
     }

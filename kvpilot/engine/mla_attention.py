@@ -122,7 +122,7 @@ def _attend(
         v = v.repeat_interleave(heads // v.shape[1], dim=1)
     q_pos = torch.arange(context_len - n, context_len, device=q.device)
     mask = q_pos[:, None] >= torch.arange(context_len, device=q.device)[None, :]
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale
+    out = F.scaled_dot_product_attention(  # 4-D: the fused SDPA kernels take no 3-D inputs (see Attention)
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=mask, scale=scale
     )
-    return out.transpose(0, 1)
+    return out[0].transpose(0, 1)

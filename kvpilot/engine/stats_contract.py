@@ -33,7 +33,7 @@ Shape (every key below is always present; values that do not apply yet are null 
       "linear": {"summary_hits_total": int, "summary_misses_total": int},
       "gqa_head_utilization": [{"layer": int, "kv_head": int, "value": float}],
       "validation": {"checks_total": int, "fallbacks_total": {reason: int},
-                     "last_cosine": float|null}
+                     "last_cosine": float|null, "checks_skipped_total": int}
     }
 
 HIST is a cumulative histogram over the fixed bucket bounds in LATENCY_BUCKETS_SECONDS:

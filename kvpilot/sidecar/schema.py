@@ -166,6 +166,9 @@ ENGINE: tuple[MetricSpec, ...] = (
     _g("validation_cosine", "",
        "Cosine similarity of the latest validation check (-1 to 1; fallback below 0.92).",
        "validation.last_cosine"),
+    _c("validation_checks_skipped_total", "",
+       "Validation checks skipped because the exact side ran out of device memory (logged).",
+       "validation.checks_skipped_total"),
 )
 
 GPU: tuple[MetricSpec, ...] = (

@@ -39,7 +39,7 @@ def make_feed(instance_id: str = "engine-a", **sections: Any) -> dict[str, Any]:
                                  {"layer": 0, "kv_head": 1, "value": 0.5},
                                  {"layer": 3, "kv_head": 1, "value": 0.125}],
         "validation": {"checks_total": 12, "fallbacks_total": {"low_cosine": 2},
-                       "last_cosine": 0.97},
+                       "last_cosine": 0.97, "checks_skipped_total": 1},
     }
     for key, value in sections.items():
         feed[key] = value if not isinstance(value, dict) else {**feed[key], **value}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+import torch
 
 from kvpilot.engine.llm_engine import LLMEngine
 from kvpilot.engine.sampling_params import SamplingParams
@@ -90,6 +91,37 @@ def test_a_corrupted_approximation_plugs_in_and_falls_back(ckpt):
     assert feed["last_cosine"] == pytest.approx(-1.0, abs=1e-5)
 
 
+def test_an_exact_side_out_of_memory_skips_the_check_and_serves_on(ckpt, caplog):
+    """The dense recompute of a long sequence can exhaust device memory: the check is skipped and counted,
+    the sequence keeps its path, nothing leaks, and the engine keeps serving."""
+
+    class Exhausted(DenseRecompute):
+        name = "exhausted"
+
+        def applies(self, seq: Sequence) -> bool:
+            return True
+
+        def exact_attention(self, seq, layer, num_tokens):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 32.39 GiB")
+
+        def can_fall_back(self, seq):
+            return True
+
+        def fall_back(self, seq):
+            raise AssertionError("a skipped check must not move the sequence")
+
+    eng = engine(ckpt, validate_every=4, validation_sample_rate=1.0, validation_layer=0)
+    eng.checks.add_check(Exhausted(eng))
+    plain = generate(engine(ckpt), prompt_of(20), 12)
+    with caplog.at_level("WARNING", logger="kvpilot.engine.validation"):
+        assert generate(eng, prompt_of(20), 12) == plain
+    feed = eng.stats()["validation"]
+    assert feed["checks_skipped_total"] == 2 and feed["checks_total"] == 0  # tokens 4 and 8 of 12
+    assert sum(feed["fallbacks_total"].values()) == 0
+    assert "ran out of device memory" in caplog.text
+    assert eng.block_manager.num_used_blocks == 0
+
+
 def test_native_engine_has_nothing_to_validate(ckpt):
     eng = engine(ckpt, validate_every=2, validation_sample_rate=1.0)
     generate(eng, prompt_of(10), 10)
@@ -97,6 +129,7 @@ def test_native_engine_has_nothing_to_validate(ckpt):
         "checks_total": 0,
         "fallbacks_total": {"low_cosine": 0, "kernel_error": 0, "nan": 0},
         "last_cosine": None,
+        "checks_skipped_total": 0,
     }
 
 
