@@ -13,11 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from kvpilot.engine.kv_strategy import KV_CACHE_DTYPES
+from kvpilot.engine.server.idempotency import DEFAULT_MAX_BYTES as DEFAULT_IDEMPOTENCY_BYTES
+from kvpilot.engine.server.request_guard import DEFAULT_MAX_BODY_BYTES
 from kvpilot.engine.stats_contract import DEFAULT_STATS_PORT
 
 log = logging.getLogger("kvpilot.server")
 
 DEFAULT_CPU_MEMORY_BUDGET = "256MiB"
+DRAIN_FLUSH_SECONDS = 5.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,6 +110,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--idempotency-ttl", type=float, default=600.0, help="seconds an Idempotency-Key is kept"
     )
     api.add_argument("--idempotency-max-keys", type=int, default=10_000)
+    api.add_argument(
+        "--idempotency-max-bytes", type=int, default=DEFAULT_IDEMPOTENCY_BYTES,
+        help=f"memory the kept results may hold together; the oldest go first (default {DEFAULT_IDEMPOTENCY_BYTES})",
+    )  # fmt: skip
+    api.add_argument(
+        "--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+        help=f"largest request body accepted; larger ones get a 413 before they are read (default {DEFAULT_MAX_BODY_BYTES})",
+    )  # fmt: skip
+    api.add_argument(
+        "--max-concurrent-scores", type=int, default=4,
+        help="POST /v1/score requests in flight at most; more get a 429 with Retry-After",
+    )  # fmt: skip
+    key = api.add_mutually_exclusive_group()
+    key.add_argument(
+        "--api-key", help="require `Authorization: Bearer KEY` on every route but /health and /ready "
+        "(prefer --api-key-file: a flag shows in the process list)",
+    )  # fmt: skip
+    key.add_argument("--api-key-file", type=Path, help="read the API key from this file (e.g. a mounted Secret)")
     api.add_argument("--no-warmup", action="store_true", help="skip the start-up warm-up")
     api.add_argument(
         "--shutdown-grace", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
@@ -145,6 +166,7 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any, str]:
     from kvpilot.checkpoint_digest import verify_checkpoint
     from kvpilot.engine.config import EngineConfig
     from kvpilot.engine.server import ServerSettings
+    from kvpilot.engine.server.auth import read_key_file
     from kvpilot.engine.server.capacity import parse_bytes, plan_for, resolve_device, strategy_name
     from kvpilot.engine.server.faults import FaultSettings
     from kvpilot.planner import PlannerError, format_plan
@@ -152,6 +174,9 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any, str]:
     if not (args.model / "config.json").is_file():
         raise ValueError(f"{args.model} is not a model directory: config.json is missing")
     faults = FaultSettings(args.fault_latency_ms, args.fault_error_rate, args.fault_seed)
+    api_key = read_key_file(args.api_key_file) if args.api_key_file else args.api_key
+    if args.max_body_bytes < 1 or args.max_concurrent_scores < 1 or args.idempotency_max_bytes < 1:
+        raise ValueError("--max-body-bytes, --max-concurrent-scores and --idempotency-max-bytes must be at least 1")
     if args.model_sha256:
         verify_checkpoint(args.model, args.model_sha256)
     config = EngineConfig(
@@ -208,6 +233,10 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any, str]:
         max_queue=args.max_queue,
         idempotency_ttl_seconds=args.idempotency_ttl,
         idempotency_max_keys=args.idempotency_max_keys,
+        idempotency_max_bytes=args.idempotency_max_bytes,
+        max_body_bytes=args.max_body_bytes,
+        max_concurrent_scores=args.max_concurrent_scores,
+        api_key=api_key,
         warmup=not args.no_warmup,
         faults=faults,
     )
@@ -253,14 +282,20 @@ async def _serve(args: argparse.Namespace, config: Any, settings: Any) -> int:
         )
 
     runtime = ServerRuntime(settings, lambda: LLMEngine(config), warm_up=warm_up, on_ready=on_ready)
-    api = _Server.make(create_app(runtime), args.host, args.port, args.log_level, args.shutdown_grace)
+    # uvicorn's own deadline is a backstop: runtime.drain() ends what is left at --shutdown-grace
+    # with an error event, and the streams need a moment to send it.
+    backstop = args.shutdown_grace + DRAIN_FLUSH_SECONDS
+    api = _Server.make(create_app(runtime), args.host, args.port, args.log_level, backstop)
     stats = _Server.make(create_stats_app(runtime), args.stats_host, args.stats_port, args.log_level, 1.0)
     failure: list[str] = []
+    drains: list[asyncio.Task] = []
 
     def stop(*_: Any) -> None:
+        # The stats feed stays up during the drain (the sidecar keeps reporting); it stops after the API.
         runtime.begin_drain()
         api.should_exit = True
-        stats.should_exit = True
+        if not drains:
+            drains.append(loop.create_task(runtime.drain(args.shutdown_grace)))
 
     def on_failure(message: str) -> None:
         failure.append(message)
@@ -273,6 +308,9 @@ async def _serve(args: argparse.Namespace, config: Any, settings: Any) -> int:
     stats_task = asyncio.create_task(stats.serve())
     await api.serve()
     stop()
+    for drain in drains:
+        drain.cancel()
+    stats.should_exit = True
     await stats_task
     runtime.shutdown()
     if failure:

@@ -9,6 +9,9 @@ Shape (every key below is always present; values that do not apply yet are null 
 
     {
       "schema_version": 1,
+      "taken_at_seconds": float,  # Unix time the snapshot was taken on the engine thread  } added by
+      "age_seconds": float,       # seconds since then, when served: > 0 means the engine } the API
+                                  # thread was busy and the last snapshot was served       } server
       "engine": {"instance_id": str, "model": str, "strategy": str, "device": "cpu"|"cuda",
                  "start_time_seconds": float, "ready": bool, "kv_cache_dtype": str,
                  "mla": {"mode": "off"|"native"|"converted", "latent_width": int|null,

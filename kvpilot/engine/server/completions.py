@@ -25,6 +25,7 @@ from kvpilot.engine.server.protocol import ChatCompletionRequest, CompletionRequ
 from kvpilot.engine.server.responses import Usage
 from kvpilot.engine.server.result_log import ResultLog
 from kvpilot.engine.server.runtime import ServerRuntime
+from kvpilot.engine.server.text_checks import check_unicode, prompt_chars
 
 log = logging.getLogger("kvpilot.server")
 
@@ -39,11 +40,18 @@ async def serve_completion(
     runtime.check_model(req.model)
     try:
         reject_unsupported(req)
-        tokenizer = runtime.tokenizer
+        check_unicode(req)
+    except APIError:
+        runtime.record_rejection("invalid")
+        raise
+    admission.check_prompt_chars(prompt_chars(req), "messages" if chat else "prompt")
+    tokenizer = runtime.tokenizer
+    try:
         if isinstance(req, ChatCompletionRequest):
-            prompt_ids = chat_prompt_ids(tokenizer, req)
+            prompt_ids = await runtime.run_cpu(chat_prompt_ids, tokenizer, req)
         else:
-            prompt_ids = completion_prompt_ids(tokenizer, req, getattr(tokenizer, "vocab_size", None))
+            vocab_size = getattr(tokenizer, "vocab_size", None)
+            prompt_ids = await runtime.run_cpu(completion_prompt_ids, tokenizer, req, vocab_size)
     except APIError as exc:
         if exc.status < 500:
             runtime.record_rejection("invalid")
@@ -79,6 +87,7 @@ async def serve_completion(
     )
     result = ResultLog()
     result.on_end(lambda _: admission.release())
+    runtime.track(result)
     stop = req.stop_list()
 
     async def produce(out: ResultLog) -> None:
@@ -95,7 +104,10 @@ async def serve_completion(
             log.exception("request %s failed in the server", fmt.response_id)
             runtime.record_rejection("internal_error")
             runtime.record_failure("internal")
-            message = f"internal error while serving this request: {type(exc).__name__}: {exc}"
+            message = (
+                f"internal error while serving this request ({type(exc).__name__}); other requests are not "
+                f"affected; the server log has the details under {fmt.response_id}"
+            )
             raise APIError(500, message, code="internal_error") from exc
         finally:
             gen.abort()
