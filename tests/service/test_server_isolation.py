@@ -232,6 +232,7 @@ async def test_tokenising_runs_off_the_event_loop(
         stats = await runtime.stats()
         assert not tokenizer.finished.is_set(), "the event loop waited for the tokenizer"
         assert health.status_code == 200 and stats is not None
+        assert runtime.admission.in_flight == 1  # its place is taken before tokenising: the CPU work is bounded
         tokenizer.release.set()
         assert (await pending).status_code == 200
 

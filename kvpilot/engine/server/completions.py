@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from kvpilot.engine.sampling_params import SamplingParams
+from kvpilot.engine.server.admission import Admission
 from kvpilot.engine.server.errors import STRATEGY_HEADER, APIError, error_body, error_response
 from kvpilot.engine.server.formats import DONE_EVENT, CompletionFormat, sse
 from kvpilot.engine.server.generation import EngineFailure, Generation
@@ -45,38 +47,34 @@ async def serve_completion(
         runtime.record_rejection("invalid")
         raise
     admission.check_prompt_chars(prompt_chars(req), "messages" if chat else "prompt")
-    tokenizer = runtime.tokenizer
-    try:
-        if isinstance(req, ChatCompletionRequest):
-            prompt_ids = await runtime.run_cpu(chat_prompt_ids, tokenizer, req)
-        else:
-            vocab_size = getattr(tokenizer, "vocab_size", None)
-            prompt_ids = await runtime.run_cpu(completion_prompt_ids, tokenizer, req, vocab_size)
-    except APIError as exc:
-        if exc.status < 500:
-            runtime.record_rejection("invalid")
-        raise
-    default = None if chat else runtime.settings.default_completion_max_tokens
-    max_tokens = admission.max_tokens_for(len(prompt_ids), req.requested_max_tokens(), default)
-    params = sampling_params(req, max_tokens)
-
     key = request.headers.get(IDEMPOTENCY_HEADER)
     fingerprint = ""
     if key is not None:
         IdempotencyStore.check_key(key)
         fingerprint = body_fingerprint(request.url.path, req.model_dump(mode="json", exclude_unset=True))
         existing = runtime.idempotency.lookup(key, fingerprint)
-        if existing is not None:
-            log.info("idempotency key %r: joining the earlier request", key)
-            return await respond(request, runtime, existing, req.stream)
-
+        if existing is not None:  # a retry joins without taking a place, even when the server is full
+            return await _join(request, runtime, key, existing, req.stream)
+    # The place is taken before tokenising, so the CPU work waiting for the pool is bounded by
+    # the admission limit too; every way out before the result log exists gives it back.
     admission.acquire()
     try:
-        runtime.faults.maybe_fail()
-    except APIError:
+        prompt_ids, params = await _prepare(runtime, admission, req, chat)
+        # Again after the await, and with no await from here to remember(): one generation per key.
+        existing = runtime.idempotency.lookup(key, fingerprint) if key is not None else None
+        if existing is None:
+            try:
+                runtime.faults.maybe_fail()
+            except APIError:
+                runtime.record_failure("fault")
+                raise
+    except BaseException:
         admission.release()
-        runtime.record_failure("fault")
         raise
+    if existing is not None and key is not None:
+        admission.release()
+        return await _join(request, runtime, key, existing, req.stream)
+    tokenizer = runtime.tokenizer
     fmt = CompletionFormat(
         chat=chat,
         response_id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
@@ -116,6 +114,31 @@ async def serve_completion(
     if key is not None:
         runtime.idempotency.remember(key, fingerprint, result)
     return await respond(request, runtime, result, req.stream)
+
+
+async def _join(request: Request, runtime: ServerRuntime, key: str, existing: ResultLog, stream: bool) -> Response:
+    log.info("idempotency key %r: joining the earlier request", key)
+    return await respond(request, runtime, existing, stream)
+
+
+async def _prepare(
+    runtime: ServerRuntime, admission: Admission, req: ChatCompletionRequest | CompletionRequest, chat: bool
+) -> tuple[list[int], SamplingParams]:
+    """Prompt token ids (tokenised on the CPU pool) and the sampling parameters, or a 4xx."""
+    tokenizer = runtime.tokenizer
+    try:
+        if isinstance(req, ChatCompletionRequest):
+            prompt_ids = await runtime.run_cpu(chat_prompt_ids, tokenizer, req)
+        else:
+            vocab_size = getattr(tokenizer, "vocab_size", None)
+            prompt_ids = await runtime.run_cpu(completion_prompt_ids, tokenizer, req, vocab_size)
+    except APIError as exc:
+        if exc.status < 500:
+            runtime.record_rejection("invalid")
+        raise
+    default = None if chat else runtime.settings.default_completion_max_tokens
+    max_tokens = admission.max_tokens_for(len(prompt_ids), req.requested_max_tokens(), default)
+    return prompt_ids, sampling_params(req, max_tokens)
 
 
 async def _run(gen: Generation, fmt: CompletionFormat, out: ResultLog, stream: bool) -> None:
