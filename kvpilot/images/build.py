@@ -71,6 +71,7 @@ class LoopbackRegistry:
     """`crane registry serve` on 127.0.0.1 with blobs on disk, for the push and the mutate."""
 
     def __init__(self, crane: str, disk: Path) -> None:
+        disk.mkdir(parents=True, exist_ok=True)
         self.port = _free_port()
         self.proc = subprocess.Popen([crane, "registry", "serve", "--address", f"127.0.0.1:{self.port}",
                                       "--disk", str(disk)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -36,7 +36,9 @@ IMAGES: dict[str, ImageSpec] = {
                           cmd=("operator", "--help"), smoke=("operator", "--help")),
     # Engine and sidecar share one image (the pod runs `kvpilot serve` and `kvpilot sidecar`):
     # torch's CUDA wheels from PyPI bring the CUDA runtime; the node's driver comes with the GPU.
-    "engine": ImageSpec("kvpilot", ("engine", "sidecar"), ("python3", "python3-venv", "ca-certificates"),
+    # gcc, libc6-dev and python3-dev: Triton compiles its launcher stubs with the C compiler at start-up.
+    "engine": ImageSpec("kvpilot", ("engine", "sidecar"),
+                        ("python3", "python3-venv", "python3-dev", "gcc", "libc6-dev", "ca-certificates"),
                         cmd=("serve", "--help"), smoke=("sidecar", "--help")),
 }
 
@@ -87,7 +89,7 @@ def crane_mutate_command(crane: str, spec: ImageSpec, ref: str, version: str, ou
     return [crane, "mutate", "--insecure", ref, "--tag", ref, "--output", str(out_tar),
             "--set-platform", "linux/amd64",
             "--entrypoint", "kvpilot", "--cmd", ",".join(spec.cmd), "--user", f"{UID}:{UID}", "--workdir", "/tmp",
-            "--env", f"PATH={PATH}", "--env", "PYTHONDONTWRITEBYTECODE=1", "--env", "PYTHONUNBUFFERED=1",
+            "--env", f"PATH={PATH}", "--env", "PYTHONDONTWRITEBYTECODE=1", "--env", "PYTHONUNBUFFERED=1", "--env", "HOME=/tmp",
             "--label", f"org.opencontainers.image.version={version}",
             "--label", f"org.opencontainers.image.title={spec.name}",
             "--label", "org.opencontainers.image.source=https://github.com/kvpilot/kvpilot"]
