@@ -17,6 +17,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cluster": ("kvpilot.cluster.cli", "start/stop a local control plane with fake GPU nodes"),
     "demo": ("kvpilot.demo", "the end-to-end demo"),
 }
+# The pyproject extra whose packages a command imports (an image installs only some extras).
+EXTRAS: dict[str, str] = {"serve": "engine", "make-model": "engine", "sidecar": "sidecar", "operator": "operator",
+                          "demo": "all"}
 
 
 def _top_parser() -> argparse.ArgumentParser:
@@ -48,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as exc:
         if exc.name and module_name.startswith(exc.name):
             print(f"kvpilot: the '{name}' command is not available in this build", file=sys.stderr)
+            return 2
+        if exc.name and not exc.name.startswith("kvpilot") and name in EXTRAS:
+            print(f"kvpilot: the '{name}' command needs the '{EXTRAS[name]}' extra (module {exc.name!r} is "
+                  f"missing): pip install 'kvpilot[{EXTRAS[name]}]'", file=sys.stderr)
             return 2
         raise
     parser = argparse.ArgumentParser(prog=f"kvpilot {name}", description=help_text)

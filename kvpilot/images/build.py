@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -26,6 +27,8 @@ from kvpilot.images.spec import (
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# The name the tarball carries (`docker load` tags it so); the chart's default image.repository.
+DEFAULT_REPOSITORY = "ghcr.io/kvpilot"
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,8 @@ class LoopbackRegistry:
             self.proc.wait(timeout=10)
 
 
-def build_image(spec: ImageSpec, out_dir: Path, python: str = sys.executable, log=print) -> BuiltImage:  # type: ignore[no-untyped-def]
+def build_image(spec: ImageSpec, out_dir: Path, repository: str = DEFAULT_REPOSITORY, python: str = sys.executable,
+                log=print) -> BuiltImage:  # type: ignore[no-untyped-def]
     crane = require_tools()
     started = time.monotonic()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -107,18 +111,36 @@ def build_image(spec: ImageSpec, out_dir: Path, python: str = sys.executable, lo
         registry = LoopbackRegistry(crane, work / "registry")
         try:
             ref = f"127.0.0.1:{registry.port}/{spec.name}:{__version__}"
-            log(f"{spec.name}: crane append + mutate -> {ref}")
+            log(f"{spec.name}: crane append + mutate, pushed to {ref}")
             _run(crane_append_command(crane, rootfs, ref), "crane append")
-            tarball = out_dir / f"{spec.name}-{__version__}.tar"
-            _run(crane_mutate_command(crane, spec, ref, __version__, tarball), "crane mutate")
+            _run(crane_mutate_command(crane, spec, ref, __version__), "crane mutate")
             config = json.loads(_run([crane, "config", "--insecure", ref], "crane config").stdout)
             manifest = json.loads(_run([crane, "manifest", "--insecure", ref], "crane manifest").stdout)
+            pulled = work / "pulled.tar"
+            _run([crane, "pull", "--insecure", ref, str(pulled)], "crane pull")
         finally:
             registry.close()
+        tarball = out_dir / f"{spec.name}-{__version__}.tar"
+        retag(pulled, tarball, f"{repository}/{spec.name}:{__version__}")
         compressed = sum(layer["size"] for layer in manifest["layers"])
         return BuiltImage(spec.name, tarball, ref, time.monotonic() - started, rootfs_bytes, compressed, config)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def retag(src: Path, dest: Path, tag: str) -> None:
+    """Copy a `docker save`-format tarball, naming the image `tag` in its manifest.json."""
+    with tarfile.open(src) as inp, tarfile.open(dest, "w") as out:
+        for member in inp.getmembers():
+            data = inp.extractfile(member) if member.isfile() else None
+            if member.name == "manifest.json" and data is not None:
+                manifest = json.load(data)
+                manifest[0]["RepoTags"] = [tag]
+                body = json.dumps(manifest).encode()
+                member.size = len(body)
+                out.addfile(member, io.BytesIO(body))
+            else:
+                out.addfile(member, data)
 
 
 def unpack(tarball: Path, dest: Path) -> dict:
@@ -133,12 +155,16 @@ def unpack(tarball: Path, dest: Path) -> dict:
     return config
 
 
+def run_in(root: Path, config: dict, argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run `argv` with chroot in an unpacked image, as the image's user and with its environment."""
+    env = dict(item.split("=", 1) for item in config.get("Env", []))
+    user = config.get("User") or "0:0"
+    return subprocess.run(["chroot", f"--userspec={user}", str(root), *argv], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd="/")
+
+
 def smoke(tarball: Path, args: tuple[str, ...], timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run `kvpilot ARGS` in the unpacked image with chroot, as the image's user and environment."""
+    """`<entrypoint> ARGS` in the unpacked image (its layers, not the build's root filesystem)."""
     with tempfile.TemporaryDirectory(prefix="kvpilot-image-") as tmp:
-        root = Path(tmp)
-        config = unpack(tarball, root)["config"]
-        env = dict(item.split("=", 1) for item in config.get("Env", []))
-        user = config.get("User", "0")
-        cmd = ["chroot", f"--userspec={user}", str(root), *config["Entrypoint"], *args]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd="/")
+        config = unpack(tarball, Path(tmp))["config"]
+        return run_in(Path(tmp), config, [*config["Entrypoint"], *args], timeout)

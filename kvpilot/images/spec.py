@@ -84,9 +84,9 @@ def crane_append_command(crane: str, layer: Path, ref: str) -> list[str]:
     return [crane, "append", "--insecure", "--oci-empty-base", "--new_layer", str(layer), "--new_tag", ref]
 
 
-def crane_mutate_command(crane: str, spec: ImageSpec, ref: str, version: str, out_tar: Path) -> list[str]:
-    """Entry point, user, environment and labels on the pushed image; writes the final tarball."""
-    return [crane, "mutate", "--insecure", ref, "--tag", ref, "--output", str(out_tar),
+def crane_mutate_command(crane: str, spec: ImageSpec, ref: str, version: str) -> list[str]:
+    """Entry point, user, environment and labels on the pushed image, pushed again as `ref`."""
+    return [crane, "mutate", "--insecure", ref, "--tag", ref,
             "--set-platform", "linux/amd64",
             "--entrypoint", "kvpilot", "--cmd", ",".join(spec.cmd), "--user", f"{UID}:{UID}", "--workdir", "/tmp",
             "--env", f"PATH={PATH}", "--env", "PYTHONDONTWRITEBYTECODE=1", "--env", "PYTHONUNBUFFERED=1", "--env", "HOME=/tmp",

@@ -35,7 +35,7 @@ def helm_home(tmp_path_factory):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="module")
 def kubectl(k8s_cluster) -> Kubectl:  # type: ignore[no-untyped-def]
     kube = Kubectl(k8s_cluster.kubeconfig)
-    kube("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
+    kube("apply", "-f", str(CHART / "crds"))
     kube("wait", "--for=condition=Established", "--timeout=60s", "crd/inferenceservices.kvpilot.io",
          "crd/kopfpeerings.kopf.dev", "crd/clusterkopfpeerings.kopf.dev")
     return kube

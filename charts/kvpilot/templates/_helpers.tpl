@@ -92,7 +92,7 @@ namespace
   verbs: [get, patch]
 - apiGroups: [monitoring.coreos.com]
   resources: [podmonitors]
-  verbs: [get, patch, delete]
+  verbs: [get, patch]
 # The rollout's traffic split.
 - apiGroups: [gateway.networking.k8s.io]
   resources: [httproutes]
@@ -150,6 +150,9 @@ namespace
 {{- end }}
 {{- with .Values.prometheus.url }}
 - --prometheus-url={{ . }}
+{{- end }}
+{{- with .Values.gateway.name }}
+- --gateway={{ . }}{{ with $.Values.gateway.namespace }}/{{ . }}{{ end }}
 {{- end }}
 {{- with .Values.gateway.url }}
 - --gateway-url={{ . }}
