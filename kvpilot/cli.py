@@ -52,15 +52,28 @@ def main(argv: list[str] | None = None) -> int:
         if exc.name and module_name.startswith(exc.name):
             print(f"kvpilot: the '{name}' command is not available in this build", file=sys.stderr)
             return 2
-        if exc.name and not exc.name.startswith("kvpilot") and name in EXTRAS:
-            print(f"kvpilot: the '{name}' command needs the '{EXTRAS[name]}' extra (module {exc.name!r} is "
-                  f"missing): pip install 'kvpilot[{EXTRAS[name]}]'", file=sys.stderr)
+        if _missing_extra(name, exc):
             return 2
         raise
     parser = argparse.ArgumentParser(prog=f"kvpilot {name}", description=help_text)
     module.add_arguments(parser)
     args = parser.parse_args(rest)
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except ModuleNotFoundError as exc:  # commands import their heavy dependencies lazily
+        if _missing_extra(name, exc):
+            return 2
+        raise
+
+
+def _missing_extra(command: str, exc: ModuleNotFoundError) -> bool:
+    """Name the extra to install when a third-party module of `command` is missing."""
+    if not exc.name or exc.name.startswith("kvpilot") or command not in EXTRAS:
+        return False
+    extra = EXTRAS[command]
+    print(f"kvpilot: the '{command}' command needs the '{extra}' extra (module {exc.name!r} is not "
+          f"installed): pip install 'kvpilot[{extra}]'", file=sys.stderr)
+    return True
 
 
 if __name__ == "__main__":
