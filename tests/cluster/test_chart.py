@@ -181,11 +181,11 @@ def test_minimal_values_render_only_the_deployment(helm_home, kubectl) -> None: 
 
 
 @pytest.mark.parametrize(("values", "message"), [
-    ({"rbac": {"scope": "everywhere"}}, "rbac.scope"),
-    ({"priority": "high"}, "priority"),
-    ({"replicas": 3}, "replicas"),
-    ({"prometheus": {"url": "prometheus:9090"}}, "prometheus.url"),
-    ({"watchNamespaces": ["Bad_Name"]}, "watchNamespaces"),
+    ({"rbac": {"scope": "everywhere"}}, "at '/rbac/scope': value must be one of 'auto', 'cluster', 'namespace'"),
+    ({"priority": "high"}, "at '/priority': got string, want integer"),
+    ({"replicas": 3}, "additional properties 'replicas' not allowed"),
+    ({"prometheus": {"url": "prometheus:9090"}}, "at '/prometheus/url'"),
+    ({"watchNamespaces": ["Bad_Name"]}, "at '/watchNamespaces/0'"),
     ({"rbac": {"scope": "namespace"}, "watchNamespaces": ["llm-*"]}, "cannot grant a glob"),
     ({"rbac": {"scope": "namespace"}}, "needs watchNamespaces"),
 ])
