@@ -79,20 +79,21 @@ namespace
 - apiGroups: [kvpilot.io]
   resources: [inferenceservices/status]
   verbs: [get, patch]
-# Children by server-side apply (PATCH creates); kopf watches the Deployments; the canary's are deleted.
+# Children by server-side apply: a PATCH that creates the object is authorised as create too.
+# kopf watches the Deployments; the canary's Deployment and Service are deleted after a rollout.
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [services]
-  verbs: [get, patch, delete]
+  verbs: [get, create, patch, delete]
 # The lineage ConfigMap (get, apply), model configs (configMapRef) and probe sets (get).
 - apiGroups: [""]
   resources: [configmaps]
-  verbs: [get, patch]
+  verbs: [get, create, patch]
 - apiGroups: [monitoring.coreos.com]
   resources: [podmonitors]
-  verbs: [get, patch]
+  verbs: [get, create, patch]
 # The rollout's traffic split.
 - apiGroups: [gateway.networking.k8s.io]
   resources: [httproutes]
@@ -112,12 +113,14 @@ namespace
 {{- end -}}
 
 {{/* Cluster-scoped reads: CRDs (kopf's resource observer; the Prometheus Operator and Gateway API
-     checks), namespaces for glob patterns, the cluster peering when all namespaces are watched. */}}
+     checks), namespaces (kopf resolves the watched namespaces and glob patterns at start; without
+     it, it retries 9 times before falling back to the names given), the cluster peering when all
+     namespaces are watched. */}}
 {{- define "kvpilot.clusterRules" -}}
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [get, list, watch]
-{{- if include "kvpilot.hasGlob" . }}
+{{- if .Values.watchNamespaces }}
 - apiGroups: [""]
   resources: [namespaces]
   verbs: [list, watch]
