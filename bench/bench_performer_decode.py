@@ -33,12 +33,12 @@ from typing import Any
 import torch
 
 from bench.decode_harness import run_grid
-from kvpilot.engine.attention import Attention
 from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.context import Context, reset_context, set_context
+from kvpilot.engine.layers.attention import Attention
 from kvpilot.engine.llm_engine import LLMEngine
-from kvpilot.engine.performer_attention import PerformerAttention
-from kvpilot.engine.strategies.performer import draw_features
+from kvpilot.engine.strategies.linear.attention import PerformerAttention
+from kvpilot.engine.strategies.linear.features import draw_features
 
 PATHS = ("softmax", "performer-loop", "performer-batched")
 

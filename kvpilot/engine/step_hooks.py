@@ -1,63 +1,61 @@
 """What the engine does around each step for long context and the mission metrics.
 
 One object so the engine needs three hook calls: `before_run` (arm validation and head-utilisation
-capture), `after_step` (validate, fall back, evict) and `fill_feed` (their stats). With the
-defaults (no eviction, no approximation active) validation has no check to run and eviction
-drops nothing, so the engine's outputs are exactly those without this object.
+capture), `after_step` (validate, fall back, evict) and `fill_feed` (their stats). It holds THE list
+of runtime checks, one per active approximation (eviction, 8-bit KV, Performer, MLA conversion).
+With the defaults (no eviction, no approximation active) validation has no check to run and
+eviction drops nothing, so the engine's outputs are exactly those without this object.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-from kvpilot.engine.eviction import EvictionPolicy, Evictor
-from kvpilot.engine.head_utilization import HeadUtilizationSampler
-from kvpilot.engine.kv_quant_check import kv_quant_checks
-from kvpilot.engine.scheduler import SchedulerOutput
-from kvpilot.engine.validation_runner import ApproximationCheck, EvictionCheck, ValidationRunner
-
-if TYPE_CHECKING:
-    from kvpilot.engine.llm_engine import LLMEngine
-
-
-def eviction_policy(engine: LLMEngine) -> EvictionPolicy:
-    c = engine.config
-    return EvictionPolicy.from_tokens(
-        c.eviction, c.eviction_sinks, c.eviction_window, c.eviction_ladder_span, c.block_size
-    )
+from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.core.scheduler import Scheduler, SchedulerOutput
+from kvpilot.engine.core.sequence import Sequence
+from kvpilot.engine.metrics.head_utilization import HeadUtilizationSampler
+from kvpilot.engine.strategies.eviction.check import EvictionCheck, check_pool_fits, eviction_policy
+from kvpilot.engine.strategies.eviction.policy import Evictor
+from kvpilot.engine.strategies.kv_quant.check import kv_quant_checks
+from kvpilot.engine.strategies.linear.check import linear_checks
+from kvpilot.engine.strategies.mla.check import mla_checks
+from kvpilot.engine.validation.runner import ApproximationCheck, ValidationRunner
 
 
-def check_pool_fits(policy: EvictionPolicy, engine: LLMEngine, chunk_tokens: int) -> None:
-    """Raise if one sequence's resident view plus one prefill chunk could not fit the KV pool."""
-    bm = engine.block_manager
-    need = policy.max_resident_blocks(engine.max_model_len, bm.block_size) + bm.blocks_for(chunk_tokens) + 1
-    if need > bm.num_blocks:
-        raise ValueError(
-            f"eviction {policy.mode!r} keeps up to {need} blocks per sequence (sinks {policy.sink_blocks}, "
-            f"window {policy.window_blocks}, chunk {bm.blocks_for(chunk_tokens)} blocks) but the KV pool has "
-            f"{bm.num_blocks}; shrink eviction_window / eviction_sinks or give the KV cache more memory"
-        )
+class StepHooks:
+    """Eviction, runtime validation and sampled head utilisation, driven by the engine's step.
 
+    Takes what it uses: the config, the runner (model, KV layout), the block manager and scheduler
+    (eviction bounds a prefill chunk) and `requeue(seq)`, which sends a sequence back to be recomputed.
+    """
 
-class RuntimeChecks:
-    """Eviction, runtime validation and sampled head utilisation, driven by the engine's step."""
-
-    def __init__(self, engine: LLMEngine, extra_checks: list[ApproximationCheck] | None = None) -> None:
-        self.engine = engine
-        policy = eviction_policy(engine)
-        bm = engine.block_manager
-        manager_for = getattr(bm, "_pool", None)  # PooledBlockManager (kv_pools.py): the seq's own pool
+    def __init__(
+        self,
+        config: EngineConfig,
+        runner: Any,
+        block_manager: Any,
+        scheduler: Scheduler,
+        max_model_len: int,
+        requeue: Callable[[Sequence], None],
+    ) -> None:
+        policy = eviction_policy(config)
+        bm = block_manager
+        manager_for = getattr(bm, "_pool", None)  # PooledBlockManager (kv_quant/pools.py): the seq's own pool
         self.evictor = Evictor(policy, bm, manager_for) if policy.enabled else None
         if self.evictor is not None:
-            chunk = policy.window_blocks * engine.block_manager.block_size
-            check_pool_fits(policy, engine, chunk)
-            engine.scheduler.max_chunk_tokens = chunk  # a long prompt is evicted between chunks
-        checks: list[ApproximationCheck] = [EvictionCheck(engine)] if self.evictor is not None else []
-        checks += kv_quant_checks(engine)
-        checks += extra_checks or []
-        self.validation = ValidationRunner(engine, checks)
-        layers = engine.runner.model.attention_layers()
-        self.head_utilization = HeadUtilizationSampler(layers, engine.config.head_utilization_every)
+            chunk = policy.window_blocks * bm.block_size
+            check_pool_fits(policy, bm, max_model_len, chunk)
+            scheduler.max_chunk_tokens = chunk  # a long prompt is evicted between chunks
+        evicting = self.evictor is not None
+        checks: list[ApproximationCheck] = [EvictionCheck(runner, bm, requeue)] if evicting else []
+        checks += kv_quant_checks(runner, bm, requeue)
+        checks += linear_checks(runner, bm, requeue, evicting)
+        checks += mla_checks(runner)
+        self.validation = ValidationRunner(config, runner, checks)
+        layers = runner.model.attention_layers()
+        self.head_utilization = HeadUtilizationSampler(layers, config.head_utilization_every)
 
     def add_check(self, check: ApproximationCheck) -> None:
         """Let a strategy path register its approximation for runtime validation."""

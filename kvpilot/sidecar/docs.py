@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from kvpilot.engine import stats_contract as contract
+from kvpilot.engine.metrics import stats_contract as contract
 from kvpilot.sidecar.adapters import ADAPTERS
 from kvpilot.sidecar.schema import ENGINE_DERIVED, SCHEMA, MetricSpec
 

@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from kvpilot.engine import stats_contract as contract
+from kvpilot.engine.metrics import stats_contract as contract
 from kvpilot.sidecar.readings import HistogramValue, Readings
 from kvpilot.sidecar.schema import ENGINE_DERIVED, MetricSpec
 

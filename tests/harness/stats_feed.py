@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvpilot.engine import stats_contract as contract
+from kvpilot.engine.metrics import stats_contract as contract
 
 
 def make_feed(instance_id: str = "engine-a", **sections: Any) -> dict[str, Any]:

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 
 import torch
 
+from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.llm_engine import LLMEngine
 from kvpilot.engine.sampling_params import SamplingParams
-from kvpilot.engine.sequence import Sequence
 
 
 @contextlib.contextmanager

@@ -7,10 +7,10 @@ import logging
 import pytest
 import torch
 
+from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.llm_engine import LLMEngine
 from kvpilot.engine.sampling_params import SamplingParams
-from kvpilot.engine.sequence import Sequence
-from kvpilot.engine.validation_runner import DenseRecompute, is_sampled
+from kvpilot.engine.validation.runner import DenseRecompute, is_sampled
 from tests.helpers.models import build_hf_checkpoint
 from tests.parity.helpers import drain, engine_greedy, make_engine
 

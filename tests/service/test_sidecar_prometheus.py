@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from kvpilot.engine import stats_contract as contract
+from kvpilot.engine.metrics import stats_contract as contract
 from tests.harness.prometheus import (
     PrometheusServer,
     free_port,

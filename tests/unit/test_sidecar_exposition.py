@@ -19,7 +19,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from kvpilot.engine import stats_contract as contract
+from kvpilot.engine.metrics import stats_contract as contract
 from kvpilot.sidecar.engine_collector import EngineCollector
 from kvpilot.sidecar.http_app import make_registry
 from kvpilot.sidecar.nvml_collector import NvmlCollector

@@ -15,10 +15,35 @@ the checkpoint's own KV heads. Each changes nothing else.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from kvpilot.engine.config import EngineConfig, ModelConfig
+from kvpilot.engine.config.model import ModelConfig
+
+
+class EngineConfig(Protocol):
+    """The EngineConfig fields these checks read (config/engine.py imports this module, not back)."""
+
+    kv_cache_dtype: str
+    kv_quant_auto_threshold: int | None
+    kv_quant_auto_hysteresis: int | None
+    kv_quant_auto_split: float
+    disable_kv_quant: bool
+    attention: str
+    strategy: str
+    kv_head_groups: int | None
+    disable_gqa: bool
+    latent_rank: int | None
+    linear_window: int
+    enable_chunked_prefill: bool
+    block_size: int
+    eviction: str
+    eviction_sinks: int
+    eviction_window: int
+    eviction_ladder_span: int | None
+    validate_every: int
+    validation_sample_rate: float
+    validation_threshold: float
+    head_utilization_every: int
 
 ATTENTIONS = ("native", "gqa", "mla", "linear")
 GQA_FAMILIES = ("llama", "mistral", "qwen2")  # k_proj/v_proj per layer, HF repeat_kv grouping
@@ -26,6 +51,7 @@ KV_CACHE_DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "float32", "in
 QUANTISED = ("int8", "fp8")
 _CANONICAL = {"bf16": "bfloat16", "fp16": "float16"}
 _SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+EVICTION_MODES = ("none", "sinks", "ladder")
 AUTO_QUANT_DTYPE = "int8"  # the 8-bit pool of kv_cache_dtype=auto (per-token scales: no calibration)
 
 
@@ -125,3 +151,29 @@ def strategy_label(config: EngineConfig, model_dtype: str) -> str:
         kv = _SHORT.get(kind, kind)
     eviction = getattr(config, "eviction", "none")  # eviction.py: e.g. native-bf16-sinks1024
     return f"{attention}-{kv}" + ("" if eviction == "none" else f"-{eviction}{config.eviction_window}")
+
+
+def check_eviction_tokens(sinks: int, window: int, span: int | None) -> None:
+    """Raise unless the eviction token counts are usable: sinks >= 0, window >= 1, span >= 1 or None."""
+    if sinks < 0 or window < 1 or (span is not None and span < 1):
+        raise ValueError(
+            f"eviction_sinks must be >= 0, eviction_window >= 1 and eviction_ladder_span >= 1 tokens; "
+            f"got {sinks}, {window}, {span}"
+        )
+
+
+def check_eviction_config(config: EngineConfig) -> None:
+    """Raise ValueError naming the bad eviction / validation field and what is allowed."""
+    if config.eviction not in EVICTION_MODES:
+        raise ValueError(f"eviction must be one of {EVICTION_MODES}, got {config.eviction!r}")
+    check_eviction_tokens(config.eviction_sinks, config.eviction_window, config.eviction_ladder_span)
+    if config.eviction != "none" and not config.enable_chunked_prefill:
+        raise ValueError("eviction needs chunked prefill (long prompts are evicted between chunks); enable it")
+    if config.validate_every < 1:
+        raise ValueError(f"validate_every must be >= 1 decode tokens, got {config.validate_every}")
+    if not 0.0 <= config.validation_sample_rate <= 1.0:
+        raise ValueError(f"validation_sample_rate must be in [0, 1], got {config.validation_sample_rate}")
+    if not -1.0 <= config.validation_threshold <= 1.0:
+        raise ValueError(f"validation_threshold must be a cosine in [-1, 1], got {config.validation_threshold}")
+    if config.head_utilization_every < 0:
+        raise ValueError(f"head_utilization_every must be >= 0 (0: off), got {config.head_utilization_every}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from kvpilot.engine.sequence import Sequence
+from kvpilot.engine.core.sequence import Sequence
 
 NO_HASH = -1
 
@@ -178,13 +178,7 @@ class BlockManager:
     def deallocate(self, seq: Sequence) -> None:
         """Drop seq's references; blocks nobody holds go to the free list, tail first."""
         for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id - self.first_block_id]
-            assert block.ref_count > 0, f"double free of block {block_id}"
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self.used_block_ids.remove(block_id)
-                self.free_block_ids[block_id] = None
-                self._cached_free += block.hash != NO_HASH
+            self._unref(block_id)
         seq.block_table = []
         seq.block_hashes = []
         seq.num_computed_tokens = 0
@@ -194,15 +188,18 @@ class BlockManager:
         """Drop seq's references to the blocks at these block-table indices (eviction)."""
         drop = set(table_indices)
         for i in sorted(drop, reverse=True):
-            block_id = seq.block_table[i]
-            block = self.blocks[block_id - self.first_block_id]
-            assert block.ref_count > 0, f"double free of block {block_id}"
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self.used_block_ids.remove(block_id)
-                self.free_block_ids[block_id] = None
-                self._cached_free += block.hash != NO_HASH
+            self._unref(seq.block_table[i])
         seq.block_table = [b for i, b in enumerate(seq.block_table) if i not in drop]
+
+    def _unref(self, block_id: int) -> None:
+        """Drop one reference; a block nobody holds goes to the free list (its prefix hash kept)."""
+        block = self.blocks[block_id - self.first_block_id]
+        assert block.ref_count > 0, f"double free of block {block_id}"
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.used_block_ids.remove(block_id)
+            self.free_block_ids[block_id] = None
+            self._cached_free += block.hash != NO_HASH
 
     def _take_free_block(self) -> int:
         block_id, _ = self.free_block_ids.popitem(last=False)

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from kvpilot.engine.block_manager import BlockManager
-from kvpilot.engine.sequence import Sequence, SequenceStatus
+from kvpilot.engine.core.block_manager import BlockManager
+from kvpilot.engine.core.sequence import Sequence, SequenceStatus
 
 
 @dataclass
@@ -162,10 +162,22 @@ class Scheduler:
         return self.enable_chunked_prefill or seq.num_preemptions > 0
 
     def _preempt(self, seq: Sequence) -> None:
+        self._to_front_of_queue(seq)
+        self.num_preemptions += 1
+
+    def requeue(self, seq: Sequence) -> bool:
+        """Free a running seq's blocks and put it first in the queue to be recomputed (as after a
+        preemption, which it is not counted as); False when seq is finished or not running."""
+        if seq.is_finished or seq not in self.running:
+            return False
+        self.running.remove(seq)
+        self._to_front_of_queue(seq)
+        return True
+
+    def _to_front_of_queue(self, seq: Sequence) -> None:
         self.block_manager.deallocate(seq)
         seq.status = SequenceStatus.WAITING
-        seq.num_preemptions += 1
-        self.num_preemptions += 1
+        seq.num_preemptions += 1  # lets the scheduler recompute it in chunks
         self.waiting.appendleft(seq)
 
     # -- after the model ran -------------------------------------------------------------

@@ -62,8 +62,8 @@ def model_config(family: str, size: str = "tiny", **overrides: Any) -> dict[str,
         config.update(
             use_sliding_window=False, sliding_window=None, max_window_layers=dims["num_hidden_layers"]
         )
-    if family == "deepseek_v2":  # MLA + MoE fields (make_model_deepseek.py)
-        from kvpilot.engine.make_model_deepseek import deepseek_fields
+    if family == "deepseek_v2":  # MLA + MoE fields (deepseek.py)
+        from kvpilot.engine.make_model.deepseek import deepseek_fields
 
         config.update(deepseek_fields(size, dims["num_attention_heads"]))
     config.update(overrides)
@@ -97,7 +97,7 @@ def random_weights(config: dict[str, Any], seed: int = 0) -> dict[str, Any]:
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = norm()
         if config["model_type"] == "deepseek_v2":
-            from kvpilot.engine.make_model_deepseek import deepseek_layer_weights
+            from kvpilot.engine.make_model.deepseek import deepseek_layer_weights
 
             lora_norm = lambda n: 1.0 + 0.1 * torch.randn(n, generator=gen)  # noqa: E731
             w.update(deepseek_layer_weights(config, i, linear, lora_norm))

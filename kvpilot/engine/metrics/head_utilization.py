@@ -22,7 +22,7 @@ import time
 import torch
 
 from kvpilot.engine.context import get_context
-from kvpilot.engine.scheduler import SchedulerOutput
+from kvpilot.engine.core.scheduler import SchedulerOutput
 
 MAX_SAMPLED_SEQS = 4  # decode sequences per sampled step (bounds the cost at large batches)
 

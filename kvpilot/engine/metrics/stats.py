@@ -6,10 +6,10 @@ import time
 import uuid
 from typing import Any
 
-from kvpilot.engine.block_manager import BlockManager
-from kvpilot.engine.scheduler import Scheduler
-from kvpilot.engine.sequence import Sequence
-from kvpilot.engine.stats_contract import FALLBACK_REASONS, REJECT_REASONS, SCHEMA_VERSION, Histogram
+from kvpilot.engine.core.block_manager import BlockManager
+from kvpilot.engine.core.scheduler import Scheduler
+from kvpilot.engine.core.sequence import Sequence
+from kvpilot.engine.metrics.stats_contract import FALLBACK_REASONS, REJECT_REASONS, SCHEMA_VERSION, Histogram
 
 
 class EngineStats:

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from kvpilot.engine.kv_strategy import gqa_groups, kv_cache_kind, strategy_label
+from kvpilot.engine.config.strategy import gqa_groups, kv_cache_kind, strategy_label
 from kvpilot.planner import CapacityPlan, GpuSpec, KVStrategy, ModelShape, plan_capacity
 
 # EngineConfig dtype names -> the planner's KV dtype names ("auto" = the model's own precision).

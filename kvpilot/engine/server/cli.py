@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kvpilot.engine.kv_strategy import KV_CACHE_DTYPES
+from kvpilot.engine.config.strategy import KV_CACHE_DTYPES
+from kvpilot.engine.metrics.stats_contract import DEFAULT_STATS_PORT
 from kvpilot.engine.server.idempotency import DEFAULT_MAX_BYTES as DEFAULT_IDEMPOTENCY_BYTES
 from kvpilot.engine.server.request_guard import DEFAULT_MAX_BODY_BYTES
-from kvpilot.engine.stats_contract import DEFAULT_STATS_PORT
 
 log = logging.getLogger("kvpilot.server")
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvpilot.engine.metrics.stats_contract import FAILURE_REASONS
 from kvpilot.engine.server.admission import Admission, not_ready_error
 from kvpilot.engine.server.engine_loop import EngineLoop
 from kvpilot.engine.server.errors import APIError
@@ -21,7 +22,6 @@ from kvpilot.engine.server.idempotency import DEFAULT_MAX_BYTES, IdempotencyStor
 from kvpilot.engine.server.request_guard import DEFAULT_MAX_BODY_BYTES
 from kvpilot.engine.server.result_log import ResultLog
 from kvpilot.engine.server.text_checks import longest_token_chars
-from kvpilot.engine.stats_contract import FAILURE_REASONS
 
 log = logging.getLogger("kvpilot.server")
 

@@ -39,10 +39,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from kvpilot.engine.attention import Attention
 from kvpilot.engine.context import Context, reset_context, set_context
+from kvpilot.engine.layers.attention import Attention
 
-log = logging.getLogger("kvpilot.engine.cuda_graphs")
+log = logging.getLogger("kvpilot.engine.worker.cuda_graphs")
 
 GRAPH_FAMILIES = ("llama", "mistral", "qwen2")
 GRAPH_KV_KINDS = ("model", "float32", "float16", "bfloat16", "int8", "fp8")

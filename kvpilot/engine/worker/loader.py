@@ -30,7 +30,7 @@ IGNORED_SUFFIXES = (
     "self_attn.diagonal_decay",
 )
 DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2}
-log = logging.getLogger("kvpilot.engine.loader")
+log = logging.getLogger("kvpilot.engine.worker.loader")
 
 
 class WeightIntegrityError(ValueError):

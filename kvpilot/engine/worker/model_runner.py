@@ -6,14 +6,18 @@ import numpy as np
 import torch
 
 from kvpilot.engine.config import EngineConfig, ModelConfig
-from kvpilot.engine.context import BlockTableRows, Context, InputStager, reset_context, set_context
-from kvpilot.engine.cuda_graphs import build_decode_graphs
-from kvpilot.engine.gqa_load import gqa_transform
-from kvpilot.engine.kv_quant_cache import allocate_quantised_kv_cache, kv_layout_for
-from kvpilot.engine.kv_strategy import served_model_config
-from kvpilot.engine.linear_state import build_linear_state
-from kvpilot.engine.loader import load_weights
-from kvpilot.engine.memory import (
+from kvpilot.engine.config.strategy import served_model_config
+from kvpilot.engine.context import Context, reset_context, set_context
+from kvpilot.engine.core.scheduler import SchedulerOutput
+from kvpilot.engine.core.sequence import Sequence
+from kvpilot.engine.models import build_model
+from kvpilot.engine.strategies.gqa.convert import gqa_transform
+from kvpilot.engine.strategies.kv_quant.layer import allocate_quantised_kv_cache, kv_layout_for
+from kvpilot.engine.strategies.mla.apply import apply_mla
+from kvpilot.engine.worker.cuda_graphs import build_decode_graphs
+from kvpilot.engine.worker.inputs import BlockTableRows, InputStager
+from kvpilot.engine.worker.loader import load_weights
+from kvpilot.engine.worker.memory import (
     cuda_kv_blocks,
     estimate_activation_bytes,
     kv_bytes_per_block,
@@ -21,11 +25,8 @@ from kvpilot.engine.memory import (
     pick_dtype,
     torch_memory,
 )
-from kvpilot.engine.mla_strategy import apply_mla
-from kvpilot.engine.models import build_model
-from kvpilot.engine.sampler import sample
-from kvpilot.engine.scheduler import SchedulerOutput
-from kvpilot.engine.sequence import Sequence
+from kvpilot.engine.worker.sampler import sample
+from kvpilot.engine.worker.state_cache import build_linear_state
 
 
 class ModelRunner:

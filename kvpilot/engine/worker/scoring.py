@@ -1,6 +1,6 @@
 """Teacher-forced scoring through the serving path: the paged cache, its dtype, eviction, state pool.
 
-`engine.score()` runs the model densely (no cache), which is exact but blind to approximations
+`LLMEngine.score()` runs the model densely (no cache), which is exact but blind to approximations
 that live in the cache (8-bit K/V, eviction, a recurrent summary). `score_paged` feeds the text
 through the same kernels as serving, in chunks of `chunk` tokens (default: one block), with the
 evictor applied after each chunk exactly as after a step. A token's log-probability then comes
@@ -9,30 +9,32 @@ from the view a served decode at that position would have had (to within one chu
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from kvpilot.engine.context import reset_context, set_context
+from kvpilot.engine.core.scheduler import ScheduledSeq, SchedulerOutput
+from kvpilot.engine.core.sequence import Sequence, SequenceStatus
 from kvpilot.engine.sampling_params import SamplingParams
-from kvpilot.engine.scheduler import ScheduledSeq, SchedulerOutput
-from kvpilot.engine.sequence import Sequence, SequenceStatus
-
-if TYPE_CHECKING:
-    from kvpilot.engine.llm_engine import LLMEngine
 
 _SCORE_ID = "__kvpilot_score__"
 
 
 @torch.inference_mode()
 def score_paged(
-    engine: LLMEngine, prompt_token_ids: list[int], continuation_token_ids: list[int], chunk: int | None = None
+    runner: Any,
+    block_manager: Any,
+    evictor: Any,
+    prompt_token_ids: list[int],
+    continuation_token_ids: list[int],
+    chunk: int | None = None,
 ) -> list[float]:
-    """log p(continuation[i] | prompt + continuation[:i]) computed through the paged serving path."""
+    """log p(continuation[i] | prompt + continuation[:i]) computed through the paged serving path
+    of this ModelRunner and block manager, with `evictor` (or None) applied after each chunk."""
     tokens = list(prompt_token_ids) + list(continuation_token_ids)
-    chunk = chunk or engine.block_manager.block_size
-    bm, runner = engine.block_manager, engine.runner
-    evictor = getattr(engine, "evictor", None)
+    bm = block_manager
+    chunk = chunk or bm.block_size
     seq = Sequence(_SCORE_ID, tokens, SamplingParams(max_tokens=1))
     seq.status = SequenceStatus.RUNNING
     first = len(prompt_token_ids) - 1  # the row whose logits predict continuation[0]

@@ -16,8 +16,8 @@ from torch import nn
 
 from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.context import Context
-from kvpilot.engine.scheduler import SchedulerOutput
-from kvpilot.engine.state_pool import StatePool
+from kvpilot.engine.core.scheduler import SchedulerOutput
+from kvpilot.engine.core.state_pool import StatePool
 
 STATE_DTYPE = torch.float32
 
@@ -86,8 +86,8 @@ def build_linear_state(model: nn.Module, config: EngineConfig, device: torch.dev
     """Convert softmax layers to Performer ones when `attention="linear"` asks (and `disable_linear`
     does not), then give every stateful layer its pool: one slot per schedulable sequence."""
     if config.attention == "linear" and not config.disable_linear:
-        from kvpilot.engine.kv_strategy import kv_cache_kind
-        from kvpilot.engine.performer_attention import convert_to_performer
+        from kvpilot.engine.config.strategy import kv_cache_kind
+        from kvpilot.engine.strategies.linear.attention import convert_to_performer
 
         if kv_cache_kind(config) not in ("model", "float32", "float16", "bfloat16"):
             raise ValueError(

@@ -26,10 +26,9 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvpilot.engine.block_manager import BlockManager
-from kvpilot.engine.sequence import Sequence
-
-EVICTION_MODES = ("none", "sinks", "ladder")
+from kvpilot.engine.config.strategy import EVICTION_MODES, check_eviction_tokens
+from kvpilot.engine.core.block_manager import BlockManager
+from kvpilot.engine.core.sequence import Sequence
 
 
 @dataclass(frozen=True)
@@ -53,11 +52,7 @@ class EvictionPolicy:
     @classmethod
     def from_tokens(cls, mode: str, sinks: int, window: int, span: int | None, block_size: int) -> EvictionPolicy:
         """Round token counts up to whole blocks (a window of W tokens keeps W..W+block_size-1)."""
-        if sinks < 0 or window < 1 or (span is not None and span < 1):
-            raise ValueError(
-                f"eviction_sinks must be >= 0, eviction_window >= 1 and eviction_ladder_span >= 1 tokens; "
-                f"got {sinks}, {window}, {span}"
-            )
+        check_eviction_tokens(sinks, window, span)
         blocks = lambda n: -(-n // block_size)  # noqa: E731
         window_blocks = blocks(window)
         return cls(mode, blocks(sinks), window_blocks, blocks(span) if span else window_blocks)
@@ -131,22 +126,3 @@ class Evictor:
             self.evicted_blocks_total += len(drop)
         self._last_full[seq] = full
         return len(drop)
-
-
-def check_eviction_config(config) -> None:
-    """Raise ValueError naming the bad eviction / validation field and what is allowed."""
-    if config.eviction not in EVICTION_MODES:
-        raise ValueError(f"eviction must be one of {EVICTION_MODES}, got {config.eviction!r}")
-    EvictionPolicy.from_tokens(
-        config.eviction, config.eviction_sinks, config.eviction_window, config.eviction_ladder_span, 1
-    )
-    if config.eviction != "none" and not config.enable_chunked_prefill:
-        raise ValueError("eviction needs chunked prefill (long prompts are evicted between chunks); enable it")
-    if config.validate_every < 1:
-        raise ValueError(f"validate_every must be >= 1 decode tokens, got {config.validate_every}")
-    if not 0.0 <= config.validation_sample_rate <= 1.0:
-        raise ValueError(f"validation_sample_rate must be in [0, 1], got {config.validation_sample_rate}")
-    if not -1.0 <= config.validation_threshold <= 1.0:
-        raise ValueError(f"validation_threshold must be a cosine in [-1, 1], got {config.validation_threshold}")
-    if config.head_utilization_every < 0:
-        raise ValueError(f"head_utilization_every must be >= 0 (0: off), got {config.head_utilization_every}")

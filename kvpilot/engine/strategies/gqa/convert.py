@@ -1,5 +1,9 @@
 """GQA conversion: merge an MHA (or GQA) checkpoint's KV heads into N groups by mean-pooling.
 
+At load the runner builds the model with num_key_value_heads = kv_head_groups
+(config.strategy.served_model_config) and reads the checkpoint through `gqa_transform`, so the
+converted model is an ordinary GQA model to every other part of the engine.
+
 The GQA paper's uptraining recipe (Ainslie et al., 2023): each group's key and value projection is
 the mean of the original heads' projections. Query head h then reads group h // (Hq / N), the
 grouping HF's `repeat_kv` already uses, so consecutive KV heads are merged.
@@ -8,8 +12,12 @@ grouping HF's `repeat_kv` already uses, so consecutive KV heads are merged.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import torch
+
+from kvpilot.engine.config import EngineConfig, ModelConfig
+from kvpilot.engine.config.strategy import gqa_groups
 
 _KV_KEY = re.compile(r"\.(k_proj|v_proj)\.(weight|bias)$")
 
@@ -43,3 +51,21 @@ def convert_state_dict_to_gqa(
     if touched == 0:
         raise ValueError("no k_proj/v_proj tensors found; GQA conversion needs HF Llama/Qwen2-style names")
     return converted
+
+
+def gqa_transform(
+    config: EngineConfig, served: ModelConfig
+) -> Callable[[str, torch.Tensor], torch.Tensor] | None:
+    """The load transform for attention='gqa' (None when the checkpoint's heads are served as they are)."""
+    groups = gqa_groups(config)
+    if groups is None:
+        return None
+    head_dim = served.head_dim
+
+    def pool(name: str, tensor: torch.Tensor) -> torch.Tensor:
+        if not _KV_KEY.search(name):
+            return tensor
+        heads = tensor.shape[0] // head_dim
+        return tensor if heads == groups else mean_pool_heads(tensor, heads, groups)
+
+    return pool

@@ -17,12 +17,12 @@ from typing import Any
 import torch
 
 from kvpilot.engine.config import EngineConfig, ModelConfig
+from kvpilot.engine.config.strategy import AUTO_QUANT_DTYPE, QUANTISED, kv_cache_kind
 from kvpilot.engine.context import Context
 from kvpilot.engine.kernels import paged_attention_decode, paged_attention_prefill, store_kvcache
 from kvpilot.engine.kernels.kv_quant.layout import zeros_dim_major, zeros_token_contiguous
 from kvpilot.engine.kernels.kv_quant.ops import paged_attention_decode_quant, store_kvcache_quant
 from kvpilot.engine.kernels.kv_quant.reference import FP8_DTYPE, calibrate_fp8_scale
-from kvpilot.engine.kv_strategy import AUTO_QUANT_DTYPE, QUANTISED, kv_cache_kind
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 QUANT_TORCH_DTYPES = {"int8": torch.int8, "fp8": FP8_DTYPE}

@@ -24,11 +24,11 @@ import math
 import torch
 from torch import nn
 
-from kvpilot.engine.attention import Attention
 from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.context import Context, get_context
 from kvpilot.engine.kernels import store_kvcache
-from kvpilot.engine.strategies.performer import draw_features
+from kvpilot.engine.layers.attention import Attention
+from kvpilot.engine.strategies.linear.features import draw_features
 
 
 class PerformerAttention(Attention):

@@ -9,40 +9,44 @@ attention, eviction skips it), after which it attends to its whole context.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from kvpilot.engine.performer_attention import PerformerAttention
-from kvpilot.engine.sequence import Sequence
-from kvpilot.engine.validation_runner import EvictionCheck, forcing_exact, requeue_for_recompute
-
-if TYPE_CHECKING:
-    from kvpilot.engine.llm_engine import LLMEngine
+from kvpilot.engine.core.sequence import Sequence
+from kvpilot.engine.strategies.eviction.check import EvictionCheck
+from kvpilot.engine.strategies.linear.attention import PerformerAttention
+from kvpilot.engine.validation.runner import forcing_exact
 
 
 class PerformerCheck(EvictionCheck):
-    """The Performer conversion's ApproximationCheck (validation_runner.py); its exact path is the
+    """The Performer conversion's ApproximationCheck (validation/runner.py); its exact path is the
     whole context, which must fit the KV pool when eviction dropped blocks (as EvictionCheck asks)."""
 
     name = "linear"
+
+    def __init__(
+        self, runner: Any, block_manager: Any, requeue: Callable[[Sequence], None], evicting: bool
+    ) -> None:
+        super().__init__(runner, block_manager, requeue)
+        self.evicting = evicting
 
     def applies(self, seq: Sequence) -> bool:
         return not seq.exact_path
 
     def exact_attention(self, seq: Sequence, layer: int, num_tokens: int) -> torch.Tensor:
-        with forcing_exact(self.engine.runner.model, PerformerAttention):
+        with forcing_exact(self.runner.model, PerformerAttention):
             return super().exact_attention(seq, layer, num_tokens)
 
     def can_fall_back(self, seq: Sequence) -> bool:
-        return getattr(self.engine, "evictor", None) is None or super().can_fall_back(seq)
-
-    def fall_back(self, seq: Sequence) -> None:
-        seq.exact_path = True
-        requeue_for_recompute(self.engine, seq)
+        return not self.evicting or super().can_fall_back(seq)
 
 
-def add_linear_checks(engine: LLMEngine) -> None:
-    """Register the Performer check when the engine serves converted layers."""
-    if any(isinstance(m, PerformerAttention) for m in engine.runner.model.modules()):
-        engine.checks.add_check(PerformerCheck(engine))
+def linear_checks(
+    runner: Any, block_manager: Any, requeue: Callable[[Sequence], None], evicting: bool
+) -> list[PerformerCheck]:
+    """The Performer check when the runner serves converted layers, else none."""
+    if any(isinstance(m, PerformerAttention) for m in runner.model.modules()):
+        return [PerformerCheck(runner, block_manager, requeue, evicting)]
+    return []

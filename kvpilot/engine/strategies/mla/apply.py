@@ -96,7 +96,7 @@ def apply_mla(model: nn.Module, config: EngineConfig, model_config: ModelConfig)
     rank = conversion_rank(config, model_config)
     if rank is None:
         return MlaState("off", None, False)
-    from kvpilot.engine.models.mla_converted import convert_to_mla
+    from kvpilot.engine.strategies.mla.attention import convert_to_mla
 
     convs = convert_to_mla(model, rank)
     state = MlaState(
@@ -114,7 +114,7 @@ def apply_mla(model: nn.Module, config: EngineConfig, model_config: ModelConfig)
 
 def _check_cache_dtype(config: EngineConfig, model_config: ModelConfig) -> None:
     """The latent cache is 16/32-bit: the 8-bit K/V formats (kernels/kv_quant) have no latent variant."""
-    from kvpilot.engine.kv_strategy import kv_cache_kind
+    from kvpilot.engine.config.strategy import kv_cache_kind
 
     kind = kv_cache_kind(config)
     mla = model_config.deepseek is not None or conversion_rank(config, model_config) is not None

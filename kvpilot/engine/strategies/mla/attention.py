@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvpilot.engine.mla_attention import LatentAttention
+from kvpilot.engine.layers.latent_attention import LatentAttention
 from kvpilot.engine.models.llama import LlamaAttention
-from kvpilot.engine.strategies.mla_conversion import MlaConversion, factorize_kv
-from kvpilot.engine.strategies.mla_conversion_decode import DecodePlanner, converted_mla_decode
+from kvpilot.engine.strategies.mla.decode import DecodePlanner, converted_mla_decode
+from kvpilot.engine.strategies.mla.svd import MlaConversion, factorize_kv
 
 
 class ConvertedMlaAttention(nn.Module):

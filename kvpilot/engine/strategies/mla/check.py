@@ -9,20 +9,17 @@ higher latent_rank or --disable-mla, both deployment settings).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
-from kvpilot.engine.models.mla_converted import ConvertedMlaAttention
-from kvpilot.engine.sequence import Sequence
-from kvpilot.engine.validation_runner import DenseRecompute, forcing_exact
-
-if TYPE_CHECKING:
-    from kvpilot.engine.llm_engine import LLMEngine
+from kvpilot.engine.core.sequence import Sequence
+from kvpilot.engine.strategies.mla.attention import ConvertedMlaAttention
+from kvpilot.engine.validation.runner import DenseRecompute, forcing_exact
 
 
 class MlaConversionCheck(DenseRecompute):
-    """The MLA conversion's ApproximationCheck (validation_runner.py)."""
+    """The MLA conversion's ApproximationCheck (validation/runner.py)."""
 
     name = "mla"
 
@@ -30,7 +27,7 @@ class MlaConversionCheck(DenseRecompute):
         return True
 
     def exact_attention(self, seq: Sequence, layer: int, num_tokens: int) -> torch.Tensor:
-        with forcing_exact(self.engine.runner.model, ConvertedMlaAttention):
+        with forcing_exact(self.runner.model, ConvertedMlaAttention):
             return super().exact_attention(seq, layer, num_tokens)
 
     def can_fall_back(self, seq: Sequence) -> bool:
@@ -40,7 +37,6 @@ class MlaConversionCheck(DenseRecompute):
         raise RuntimeError("the MLA conversion has no exact paged path to fall back to")
 
 
-def add_mla_checks(engine: LLMEngine) -> None:
-    """Register the conversion's check when the engine serves converted layers."""
-    if engine.runner.mla.mode == "converted":
-        engine.checks.add_check(MlaConversionCheck(engine))
+def mla_checks(runner: Any) -> list[MlaConversionCheck]:
+    """The conversion's check when the runner serves converted layers, else none."""
+    return [MlaConversionCheck(runner)] if runner.mla.mode == "converted" else []

@@ -3,8 +3,7 @@
 Every `validate_every` decode tokens of a sampled sequence (sampling by a hash of the request id,
 `validation_sample_rate`), the decode step captures ONE layer's attention output for that
 sequence's query as served (the approximate path), and an `ApproximationCheck` computes the
-exact output for the same token at the same layer. `attention_cosine` (strategies/validation.py)
-compares the two [Hq, head_dim] outputs, heads concatenated. Below `validation_threshold` (0.92)
+exact output for the same token at the same layer. `attention_cosine` (cosine.py) compares the two [Hq, head_dim] outputs, heads concatenated. Below `validation_threshold` (0.92)
 the check moves the sequence to its exact path (a per-sequence flag, `seq.exact_path`), the feed
 counts `validation.fallbacks_total{reason}` and a warning is logged. Every comparison counts in
 `checks_total` and sets `last_cosine`.
@@ -24,18 +23,16 @@ import logging
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 import torch
 
-from kvpilot.engine.context import Context, reset_context, set_context
-from kvpilot.engine.scheduler import SchedulerOutput
-from kvpilot.engine.sequence import Sequence, SequenceStatus
-from kvpilot.engine.stats_contract import FALLBACK_REASONS
-from kvpilot.engine.strategies.validation import should_validate, validate_attention
-
-if TYPE_CHECKING:
-    from kvpilot.engine.llm_engine import LLMEngine
+from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.context import dense_context
+from kvpilot.engine.core.scheduler import SchedulerOutput
+from kvpilot.engine.core.sequence import Sequence
+from kvpilot.engine.metrics.stats_contract import FALLBACK_REASONS
+from kvpilot.engine.validation.cosine import should_validate, validate_attention
 
 log = logging.getLogger("kvpilot.engine.validation")
 
@@ -85,14 +82,17 @@ def layer_output_hook(store: dict[str, torch.Tensor]):
 
 
 class DenseRecompute:
-    """Exact reference by recomputation: a dense, cache-free forward pass over the sequence's tokens."""
+    """Exact reference by recomputation: a dense, cache-free forward pass over the sequence's tokens.
 
-    def __init__(self, engine: LLMEngine) -> None:
-        self.engine = engine
+    `runner` is the engine's ModelRunner (model, device); checks take what they use, not the engine.
+    """
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
 
     @torch.inference_mode()
     def exact_attention(self, seq: Sequence, layer: int, num_tokens: int) -> torch.Tensor:
-        runner = self.engine.runner
+        runner = self.runner
         module = runner.model.attention_layers()[layer]
         store: dict[str, torch.Tensor] = {}
 
@@ -102,50 +102,14 @@ class DenseRecompute:
 
         handle = module.register_forward_hook(stop)
         ids = torch.tensor(seq.token_ids[:num_tokens], dtype=torch.long, device=runner.device)
-        set_context(Context(dense=True))
         try:
-            runner.model(ids, torch.arange(num_tokens, device=runner.device))
+            with dense_context():
+                runner.model(ids, torch.arange(num_tokens, device=runner.device))
         except _Captured:
             pass
         finally:
-            reset_context()
             handle.remove()
         return store["out"]
-
-
-class EvictionCheck(DenseRecompute):
-    """Eviction's check: exact = full context recomputed; fallback = recompute the sequence unevicted."""
-
-    name = "eviction"
-
-    def applies(self, seq: Sequence) -> bool:
-        return seq.num_evicted_tokens > 0 and not seq.exact_path
-
-    def can_fall_back(self, seq: Sequence) -> bool:
-        # Its whole remaining life must fit the pool, else the exact sequence could never be scheduled.
-        engine = self.engine
-        final_len = len(seq) + max(0, seq.params.max_tokens - seq.num_completion_tokens)
-        pool_tokens = engine.block_manager.num_blocks * engine.block_manager.block_size
-        return final_len <= min(pool_tokens, engine.model_config.max_position_embeddings)
-
-    def fall_back(self, seq: Sequence) -> None:
-        seq.exact_path = True
-        requeue_for_recompute(self.engine, seq)
-
-
-def requeue_for_recompute(engine: LLMEngine, seq: Sequence) -> None:
-    """Free seq's blocks and put it at the front of the queue: it is recomputed (as after preemption)."""
-    scheduler = engine.scheduler
-    if seq.is_finished or seq not in scheduler.running:
-        return
-    scheduler.running.remove(seq)
-    engine.block_manager.deallocate(seq)
-    release_state = getattr(engine.runner, "release_state", None)  # a recurrent state is rebuilt too
-    if release_state is not None:
-        release_state(seq.request_id)
-    seq.status = SequenceStatus.WAITING
-    seq.num_preemptions += 1  # lets the scheduler recompute it in chunks
-    scheduler.waiting.appendleft(seq)
 
 
 def is_sampled(request_id: str, rate: float) -> bool:
@@ -156,14 +120,13 @@ def is_sampled(request_id: str, rate: float) -> bool:
 class ValidationRunner:
     """Captures the served attention at one layer on due decode steps and runs the checks after."""
 
-    def __init__(self, engine: LLMEngine, checks: list[ApproximationCheck]) -> None:
-        config = engine.config
-        self.engine = engine
+    def __init__(self, config: EngineConfig, runner: Any, checks: list[ApproximationCheck]) -> None:
+        self.runner = runner
         self.checks = list(checks)
         self.every = config.validate_every
         self.rate = config.validation_sample_rate
         self.threshold = config.validation_threshold
-        num_layers = len(engine.runner.model.attention_layers())
+        num_layers = len(runner.model.attention_layers())
         layer = config.validation_layer
         if not -num_layers <= layer < num_layers:
             raise ValueError(f"validation_layer must be in [-{num_layers}, {num_layers}), got {layer}")
@@ -194,7 +157,7 @@ class ValidationRunner:
             if checks:
                 self._due.append((index, seq, seq.num_computed_tokens + 1, checks))
         if self._due:
-            module = self.engine.runner.model.attention_layers()[self.layer]
+            module = self.runner.model.attention_layers()[self.layer]
             self._handle = module.register_forward_hook(layer_output_hook(self._store))
 
     def after_step(self) -> None:
@@ -204,7 +167,7 @@ class ValidationRunner:
             self._handle = None
         if not self._due:
             return
-        rows = dict(self.engine.runner.last_sample_rows)
+        rows = dict(self.runner.last_sample_rows)
         served = self._store.pop("out")
         for index, seq, num_tokens, checks in self._due:
             approx = served[rows[index]]
