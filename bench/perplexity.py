@@ -3,7 +3,7 @@
     python bench/train_tiny.py /tmp/tiny-trained --minutes 3
     python bench/perplexity.py /tmp/tiny-trained [--windows 8 --length 512 --device cpu]
 
-Teacher-forced scoring through the serving path (kvpilot/engine/paged_scoring.py): each held-out
+Teacher-forced scoring through the serving path (kvpilot/engine/worker/scoring.py): each held-out
 window of `length` tokens is fed through the paged cache in block-sized chunks, so 8-bit K/V,
 eviction and the Performer summary act on it exactly as they do in serving (`engine.score()`'s
 dense path would not see them). Perplexity = exp(mean negative log-likelihood over all scored

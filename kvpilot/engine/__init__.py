@@ -23,7 +23,7 @@ PUBLIC = {
     "RequestOutput": "kvpilot.engine.llm_engine",
     "EngineConfig": "kvpilot.engine.config",
 }
-__all__ = sorted(PUBLIC)
+__all__ = ["LLM", "EngineConfig", "LLMEngine", "RequestOutput", "SamplingParams"]
 
 
 def __getattr__(name: str) -> Any:

@@ -218,7 +218,7 @@ class LLMEngine:
         }
         info = {
             "model": self.config.model,
-            "strategy": self.config.strategy,
+            "strategy": self.config.attention,
             "device": runner.device.type,
             "ready": self.ready,
             "kv_cache_dtype": str(runner.kv_dtype).removeprefix("torch."),

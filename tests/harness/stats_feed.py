@@ -1,4 +1,4 @@
-"""A stats feed shaped exactly as kvpilot/engine/stats_contract.py documents, for sidecar tests."""
+"""A stats feed shaped exactly as kvpilot/engine/metrics/stats_contract.py documents, for sidecar tests."""
 
 from __future__ import annotations
 

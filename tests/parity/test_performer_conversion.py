@@ -3,7 +3,7 @@
 - a window covering the whole context is exact softmax attention: same greedy tokens, same logits;
 - `disable_linear` serves the checkpoint's softmax attention unchanged;
 - the engine's chunked / preempted paths give exactly what one whole prefill gives (the summary is
-  folded and rebuilt correctly), and a layer equals the standalone oracle strategies/performer.py;
+  folded and rebuilt correctly), and a layer equals the standalone oracle strategies/linear/features.py;
 - with a short window the logits are compared with the exact ones: cosine and top-1 agreement are
   printed (`pytest -s`) and held to the bounds docs/strategies.md records.
 """

@@ -1,4 +1,4 @@
-"""CUDA-graph decode (kvpilot/engine/cuda_graphs.py) without CUDA: buckets, padding, fallback decisions,
+"""CUDA-graph decode (kvpilot/engine/worker/cuda_graphs.py) without CUDA: buckets, padding, fallback decisions,
 and the padded static-buffer forward on a CPU engine (the graphs' inputs, run eagerly) against the
 plain engine, token for token."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvpilot.engine.config.strategy import check_eviction_config, check_kv_strategy
+from kvpilot.engine.config.strategy import check_eviction_config, check_kv_strategy, check_linear_strategy
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
@@ -26,10 +26,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     weight_sha256: dict[str, str] = field(default_factory=dict)
-    strategy: str = "native"
     kv_cache_dtype: str = "auto"
     show_progress: bool = True
-    # Memory strategies (kv_strategy.py): GQA conversion and KV quantisation, each with its off switch.
+    # Memory strategies (config/strategy.py): GQA conversion and KV quantisation, each with its off switch.
     attention: str = "native"
     kv_head_groups: int | None = None
     disable_gqa: bool = False
@@ -37,25 +36,25 @@ class EngineConfig:
     kv_quant_auto_hysteresis: int | None = None  # back to 16-bit below threshold - this (threshold // 4)
     kv_quant_auto_split: float = 0.5  # share of the KV memory for the 16-bit pool under auto switching
     disable_kv_quant: bool = False
-    latent_rank: int | None = None  # attention="mla" on an MHA/GQA checkpoint: SVD latent width (mla_strategy.py)
+    latent_rank: int | None = None  # attention="mla" on an MHA/GQA checkpoint: SVD latent width (strategies/mla/apply.py)
     disable_mla: bool = False  # serve the checkpoint's own attention (native DeepSeek: no absorbed decode)
-    # attention="linear" on a softmax checkpoint (performer_attention.py): exact window + summary
+    # attention="linear" on a softmax checkpoint (strategies/linear/attention.py): exact window + summary
     linear_window: int = 64  # most recent tokens attended exactly (the query's own included)
     linear_features: int | None = None  # random features per KV head (None: head_dim)
     linear_seed: int = 0  # seeds the feature draw (part of the converted model)
     disable_linear: bool = False  # serve the checkpoint's softmax attention
-    # Long-context eviction (eviction.py): none | sinks | ladder; token counts, rounded up to blocks
+    # Long-context eviction (strategies/eviction/policy.py): none | sinks | ladder; token counts, rounded up to blocks
     eviction: str = "none"
     eviction_sinks: int = 4
     eviction_window: int = 1024
     eviction_ladder_span: int | None = None  # blocks before the window per ladder level (None: window)
-    # Runtime validation (validation_runner.py) and sampled head utilisation (head_utilization.py)
+    # Runtime validation (validation/runner.py) and sampled head utilisation (metrics/head_utilization.py)
     validate_every: int = 100  # decode tokens between checks of one sequence
     validation_sample_rate: float = 0.1  # share of sequences checked (by request id hash)
     validation_layer: int = 0  # the layer compared (negative: from the end); a check costs ~(layer+1)/L of a prefill
     validation_threshold: float = 0.92  # cosine below this moves the sequence to the exact path
     head_utilization_every: int = 64  # decode steps between gqa_head_utilization samples (0: off)
-    cuda_graphs: bool = False  # replay captured CUDA graphs for decode-only steps (cuda_graphs.py)
+    cuda_graphs: bool = False  # replay captured CUDA graphs for decode-only steps (worker/cuda_graphs.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -86,3 +85,4 @@ class EngineConfig:
             )
         if self.latent_rank is not None and self.latent_rank < 1:
             raise ValueError(f"latent_rank must be >= 1 or None (a DeepSeek model's own kv_lora_rank), got {self.latent_rank}")
+        check_linear_strategy(self)

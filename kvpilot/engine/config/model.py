@@ -42,8 +42,8 @@ class ModelConfig:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     sliding_window: int | None = None
-    deepseek: DeepseekFields | None = None  # MLA / MoE fields of DeepSeek-V2/V3 (mla_config.py)
-    hybrid: HybridFields | None = None  # MiniMax layer types, MoE, residual factors (hybrid_config.py)
+    deepseek: DeepseekFields | None = None  # MLA / MoE fields of DeepSeek-V2/V3 (config/deepseek.py)
+    hybrid: HybridFields | None = None  # MiniMax layer types, MoE, residual factors (config/minimax.py)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:

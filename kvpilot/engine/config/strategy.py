@@ -3,7 +3,7 @@
 Torch-free (the server's CLI and capacity plan import it). `kv_cache_dtype` values:
 
 - `auto`: the model's compute dtype, as before; with `kv_quant_auto_threshold` set, new sequences
-  switch between a 16-bit pool and an int8 pool by running batch size (see kv_pools.py).
+  switch between a 16-bit pool and an int8 pool by running batch size (see strategies/kv_quant/pools.py).
 - `bfloat16`/`bf16`, `float16`/`fp16`, `float32`: a 16/32-bit cache of that dtype.
 - `int8` (symmetric, per token and KV head scales), `fp8` (e4m3, per KV head scales): 8-bit caches
   dequantised inside the attention kernels (kernels/kv_quant).
@@ -29,10 +29,11 @@ class EngineConfig(Protocol):
     kv_quant_auto_split: float
     disable_kv_quant: bool
     attention: str
-    strategy: str
     kv_head_groups: int | None
     disable_gqa: bool
     latent_rank: int | None
+    disable_mla: bool
+    disable_linear: bool
     linear_window: int
     enable_chunked_prefill: bool
     block_size: int
@@ -132,11 +133,11 @@ def served_model_config(config: EngineConfig, model_config: ModelConfig) -> Mode
 def strategy_label(config: EngineConfig, model_dtype: str) -> str:
     """X-Model-Strategy default: attention (with its parameter) and KV dtype, e.g. `gqa4-int8`,
     `native-bf16`, `native-auto8` (16-bit/int8 switching). model_dtype: the cache dtype 'model' means."""
-    attention = config.attention if config.attention != "native" else config.strategy
+    attention = config.attention
     param = {
         "gqa": gqa_groups(config),
-        "mla": getattr(config, "latent_rank", None),
-        "linear": getattr(config, "linear_window", None),
+        "mla": config.latent_rank,
+        "linear": config.linear_window,
     }
     if getattr(config, f"disable_{attention}", False):
         attention = "native"  # the one-flag rollback serves the checkpoint's own attention
@@ -149,7 +150,7 @@ def strategy_label(config: EngineConfig, model_dtype: str) -> str:
         kv = f"auto{config.kv_quant_auto_threshold}"
     else:
         kv = _SHORT.get(kind, kind)
-    eviction = getattr(config, "eviction", "none")  # eviction.py: e.g. native-bf16-sinks1024
+    eviction = config.eviction  # e.g. native-bf16-sinks1024
     return f"{attention}-{kv}" + ("" if eviction == "none" else f"-{eviction}{config.eviction_window}")
 
 
@@ -177,3 +178,72 @@ def check_eviction_config(config: EngineConfig) -> None:
         raise ValueError(f"validation_threshold must be a cosine in [-1, 1], got {config.validation_threshold}")
     if config.head_utilization_every < 0:
         raise ValueError(f"head_utilization_every must be >= 0 (0: off), got {config.head_utilization_every}")
+
+
+def check_linear_strategy(config: EngineConfig) -> None:
+    """attention='linear' (unless disabled) reads its exact window from a 16/32-bit cache, and
+    eviction may only drop the oldest blocks while keeping that window resident."""
+    if config.attention != "linear" or config.disable_linear:
+        return
+    if kv_cache_kind(config) not in ("model", "float32", "float16", "bfloat16"):
+        raise ValueError(
+            f"attention='linear' reads its exact window from a 16/32-bit KV cache, not kv_cache_dtype="
+            f"{config.kv_cache_dtype!r}; choose a 16-bit kv_cache_dtype or pass --disable-kv-quant"
+        )
+    check_eviction_fits(config)
+
+
+def check_eviction_fits(config: EngineConfig) -> None:
+    """The Performer window reads the newest tokens by position in the sequence's view, so eviction
+    may only drop the oldest blocks (sinks, no sink tokens) and must keep at least the window."""
+    mode = config.eviction
+    if mode == "none":
+        return
+    kept = -(-config.eviction_window // config.block_size) * config.block_size
+    if mode != "sinks" or config.eviction_sinks != 0 or kept < config.linear_window - 1:
+        raise ValueError(
+            f"attention='linear' with eviction needs eviction='sinks', eviction_sinks=0 and eviction_window >= "
+            f"linear_window - 1 ({config.linear_window - 1}) so the exact window stays resident; got eviction="
+            f"{mode!r}, eviction_sinks={config.eviction_sinks}, eviction_window={config.eviction_window} "
+            "(or use eviction='none')"
+        )
+
+
+def conversion_rank(config: EngineConfig, model_config: ModelConfig) -> int | None:
+    """The latent rank to convert to, or None (native model, another strategy, or --disable-mla)."""
+    attention = config.attention
+    if model_config.deepseek is not None:
+        if config.latent_rank is not None:
+            raise ValueError(
+                f"latent_rank={config.latent_rank}: {model_config.family} already caches an MLA latent of "
+                f"kv_lora_rank={model_config.deepseek.kv_lora_rank}; leave latent_rank unset"
+            )
+        return None
+    if attention != "mla":
+        if config.latent_rank is not None:
+            raise ValueError(f"latent_rank applies to attention='mla' only, not {attention!r}")
+        return None
+    if config.disable_mla:
+        return None
+    if config.latent_rank is None:
+        raise ValueError(
+            f"attention='mla' on a {model_config.family} checkpoint needs latent_rank (the shared latent's width)"
+        )
+    if config.eviction != "none":
+        raise ValueError(
+            "eviction is not available with the MLA conversion: its keys are rotated at attention time by "
+            "their position in the cached view, which eviction shortens; use eviction='none' or --disable-mla"
+        )
+    return config.latent_rank
+
+
+def check_model_strategy(config: EngineConfig, model_config: ModelConfig) -> None:
+    """The checks that need the checkpoint's architecture; the runner calls this before any weight loads.
+    The MLA latent cache is 16/32-bit: the 8-bit K/V formats (kernels/kv_quant) have no latent variant."""
+    kind = kv_cache_kind(config)
+    mla = model_config.deepseek is not None or conversion_rank(config, model_config) is not None
+    if mla and kind in ("int8", "fp8", "auto-switch"):
+        raise ValueError(
+            f"kv_cache_dtype {config.kv_cache_dtype!r} ({kind}) is not available for an MLA latent cache; "
+            "use auto, float16, bfloat16 or float32, or pass --disable-kv-quant"
+        )

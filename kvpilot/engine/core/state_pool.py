@@ -1,6 +1,6 @@
 """Slots of the per-sequence recurrent state ("summary") of linear-attention layers. Torch-free.
 
-Every linear layer owns a tensor `[num_slots, ...]` (see linear_state.py); a sequence holds one
+Every linear layer owns a tensor `[num_slots, ...]` (see worker/state_cache.py); a sequence holds one
 slot index, the same in every layer, from its first scheduled step until it finishes, is aborted
 or is preempted. The pool also records how many of the sequence's tokens the state has absorbed,
 so a step knows whether the state it continues from is resident (a hit) or must be rebuilt from

@@ -54,7 +54,7 @@ def plan_for(config: Any, device: str, cpu_budget_bytes: int, watermark: float) 
     kind = kv_cache_kind(config)  # auto switching plans the 16-bit budget; the engine splits it in pools
     kv_dtype = {"model": config.dtype, "auto-switch": "auto"}.get(kind, kind)
     groups = gqa_groups(config)
-    attention = config.strategy if config.attention != "gqa" else "gqa" if groups else "native"
+    attention = config.attention if config.attention != "gqa" else "gqa" if groups else "native"
     if attention == "linear":  # the Performer conversion still keeps every token's K/V in paged blocks
         attention = "native"
     if attention == "mla" and getattr(config, "disable_mla", False):

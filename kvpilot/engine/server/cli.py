@@ -190,7 +190,6 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any, str]:
         max_model_len=args.max_model_len,
         enable_prefix_caching=args.enable_prefix_caching,
         enable_chunked_prefill=args.chunked_prefill,
-        strategy=args.attention,
         kv_cache_dtype=args.kv_cache_dtype,
         show_progress=False,
         attention=args.attention,

@@ -41,7 +41,7 @@ def kv_bytes_per_block(
 
 def num_kv_layers(mc: ModelConfig) -> int:
     """Layers with a paged KV cache: all but a hybrid model's linear-attention layers, whose
-    recurrent state lives in the state pool (linear_state.py), sized per sequence instead."""
+    recurrent state lives in the state pool (worker/state_cache.py), sized per sequence instead."""
     return mc.num_hidden_layers - (mc.hybrid.num_linear_layers if mc.hybrid is not None else 0)
 
 

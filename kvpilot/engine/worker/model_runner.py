@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from kvpilot.engine.config import EngineConfig, ModelConfig
-from kvpilot.engine.config.strategy import served_model_config
+from kvpilot.engine.config.strategy import check_model_strategy, served_model_config
 from kvpilot.engine.context import Context, reset_context, set_context
 from kvpilot.engine.core.scheduler import SchedulerOutput
 from kvpilot.engine.core.sequence import Sequence
@@ -33,11 +33,12 @@ class ModelRunner:
     """Loads the model, sizes and owns the KV pool, and turns scheduled chunks into sampled tokens."""
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig) -> None:
+        check_model_strategy(config, model_config)  # refused combinations, before any weight loads
         self.config = config
         self.model_config = model_config = served_model_config(config, model_config)  # GQA conversion
         self.device = pick_device(config.device)
         self.dtype = pick_dtype(config.dtype, model_config.torch_dtype, self.device)
-        self.kv_layout = kv_layout_for(config, self.dtype)  # kv_quant_cache.py: 16-bit, int8, fp8, auto
+        self.kv_layout = kv_layout_for(config, self.dtype)  # strategies/kv_quant/layer.py: 16-bit, int8, fp8, auto
         self.kv_dtype = self.kv_layout.dtype
         self.block_size = config.block_size
         with torch.device("meta"):  # no memory until the target device, already in the target dtype
@@ -62,9 +63,9 @@ class ModelRunner:
         self._baseline_allocated = torch.cuda.memory_allocated(self.device) if self.is_cuda else 0
         self.num_kv_blocks = self._size_kv_pool()
         self.kv_pool_sizes: tuple[int, ...] = (self.num_kv_blocks,)  # (16-bit, int8) under auto switching
-        self.kv_quant_bytes = 0  # 8-bit K/V and scales beside kv_cache (kv_quant_cache.py)
+        self.kv_quant_bytes = 0  # 8-bit K/V and scales beside kv_cache (strategies/kv_quant/layer.py)
         self._allocate_kv_cache()
-        self.decode_graphs = build_decode_graphs(self) if config.cuda_graphs else None  # cuda_graphs.py
+        self.decode_graphs = build_decode_graphs(self) if config.cuda_graphs else None  # worker/cuda_graphs.py
 
     @property
     def is_cuda(self) -> bool:
@@ -117,7 +118,7 @@ class ModelRunner:
         mc = self.model_config
         if self.kv_layout.is_quantised:  # int8 / fp8 / auto switching: 8-bit K/V and scales per layer
             return allocate_quantised_kv_cache(self)
-        if self.mla.latent_width is not None:  # MLA: one latent row per token and layer (mla_attention.py)
+        if self.mla.latent_width is not None:  # MLA: one latent row per token and layer (layers/latent_attention.py)
             layers = self.model.attention_layers()
             shape = (len(layers), self.num_kv_blocks, self.block_size, self.mla.latent_width)
             self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
@@ -142,7 +143,7 @@ class ModelRunner:
     def run(self, out: SchedulerOutput) -> list[int | None]:
         """Run the scheduled chunks; return a sampled token for each chunk that ends its sequence."""
         ctx, input_ids, positions, sample_rows = self._prepare(out)
-        self.last_sample_rows = sample_rows  # (scheduled index, packed row): read by validation_runner.py
+        self.last_sample_rows = sample_rows  # (scheduled index, packed row): read by validation/runner.py
         if self.linear_state is not None:
             self.linear_state.attach(ctx, out)
         set_context(ctx)
@@ -185,7 +186,7 @@ class ModelRunner:
         rows = np.array([self.block_rows.row(s.request_id, s.block_table) for s in seqs], dtype=np.int64)
         table = self.block_rows.table  # after every row(): a row may have grown the table
         starts = np.array([s.num_computed_tokens for s in seqs], dtype=np.int64)
-        resident = starts - np.array([s.num_evicted_tokens for s in seqs], dtype=np.int64)  # eviction.py
+        resident = starts - np.array([s.num_evicted_tokens for s in seqs], dtype=np.int64)  # strategies/eviction/policy.py
         counts = np.array([items[i].num_new_tokens for i in order], dtype=np.int64)
         input_ids: list[int] = []
         for seq, start, n in zip(seqs, starts.tolist(), counts.tolist(), strict=True):

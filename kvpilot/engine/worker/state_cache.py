@@ -18,6 +18,7 @@ from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.context import Context
 from kvpilot.engine.core.scheduler import SchedulerOutput
 from kvpilot.engine.core.state_pool import StatePool
+from kvpilot.engine.strategies.linear.attention import convert_to_performer
 
 STATE_DTYPE = torch.float32
 
@@ -85,32 +86,7 @@ class LinearState:
 def build_linear_state(model: nn.Module, config: EngineConfig, device: torch.device) -> LinearState | None:
     """Convert softmax layers to Performer ones when `attention="linear"` asks (and `disable_linear`
     does not), then give every stateful layer its pool: one slot per schedulable sequence."""
-    if config.attention == "linear" and not config.disable_linear:
-        from kvpilot.engine.config.strategy import kv_cache_kind
-        from kvpilot.engine.strategies.linear.attention import convert_to_performer
-
-        if kv_cache_kind(config) not in ("model", "float32", "float16", "bfloat16"):
-            raise ValueError(
-                f"attention='linear' reads its exact window from a 16/32-bit KV cache, not kv_cache_dtype="
-                f"{config.kv_cache_dtype!r}; choose a 16-bit kv_cache_dtype or pass --disable-kv-quant"
-            )
-        check_eviction_fits(config)
+    if config.attention == "linear" and not config.disable_linear:  # checked in config/strategy.py
         convert_to_performer(model, config)
     layers = stateful_layers(model)
     return LinearState(layers, config.max_num_seqs, device) if layers else None
-
-
-def check_eviction_fits(config: EngineConfig) -> None:
-    """The Performer window reads the newest tokens by position in the sequence's view, so eviction
-    may only drop the oldest blocks (sinks, no sink tokens) and must keep at least the window."""
-    mode = getattr(config, "eviction", "none")
-    if mode == "none":
-        return
-    kept = -(-config.eviction_window // config.block_size) * config.block_size
-    if mode != "sinks" or config.eviction_sinks != 0 or kept < config.linear_window - 1:
-        raise ValueError(
-            f"attention='linear' with eviction needs eviction='sinks', eviction_sinks=0 and eviction_window >= "
-            f"linear_window - 1 ({config.linear_window - 1}) so the exact window stays resident; got eviction="
-            f"{mode!r}, eviction_sinks={config.eviction_sinks}, eviction_window={config.eviction_window} "
-            "(or use eviction='none')"
-        )

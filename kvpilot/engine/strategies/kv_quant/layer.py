@@ -236,12 +236,7 @@ class LayerKVQuant:
 
 def allocate_quantised_kv_cache(runner: Any) -> None:  # a ModelRunner (importing it would cycle)
     """Allocate the 16-bit pool (possibly empty) and the 8-bit pool with scales; wire every layer."""
-    layout: KVLayout = runner.kv_layout
-    if getattr(getattr(runner, "mla", None), "latent_width", None) is not None:
-        raise ValueError(
-            f"kv_cache_dtype {runner.config.kv_cache_dtype!r} (8-bit K/V) does not apply to an MLA latent cache; "
-            "serve MLA with a 16-bit kv_cache_dtype or pass --disable-kv-quant"
-        )
+    layout: KVLayout = runner.kv_layout  # an MLA latent cache with 8-bit K/V: refused by config/strategy.py
     mc, bs = runner.model_config, runner.block_size
     n16, n8 = layout.split_blocks(runner.num_kv_blocks, mc, bs)
     layers = runner.model.attention_layers()

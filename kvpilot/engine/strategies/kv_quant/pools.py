@@ -63,7 +63,7 @@ class PooledBlockManager:
         bound = self._bound.get(seq.request_id)
         if bound is not None:
             return bound
-        if seq.exact_path:  # runtime validation moved it off 8-bit KV (kv_quant_check.py)
+        if seq.exact_path:  # runtime validation moved it off 8-bit KV (strategies/kv_quant/check.py)
             return POOL16
         running = len(self._bound)
         if self.mode == POOL16 and running >= self.threshold:

@@ -3,7 +3,7 @@
 Each converted layer keeps the paged KV cache as before (the window is read from it) and a summary
 per sequence in the state pool: per KV head `[m, Dv + 1]` = (sum phi(k) v^T | sum phi(k)) over every
 token older than the window. A query at position t weighs keys in (t - W, t] exactly,
-exp(scale q.k), and older keys by phi(q).phi(k) (strategies/performer.py: positive orthogonal random
+exp(scale q.k), and older keys by phi(q).phi(k) (strategies/linear/features.py: positive orthogonal random
 features, unbiased for exp(scale q.k)); one normalisation combines both. With W >= the context the
 layer is exact softmax attention. After a chunk [s, e) the summary holds positions < e - W + 1.
 
@@ -221,7 +221,7 @@ class PerformerAttention(Attention):
 
 
 def _log_features(x: torch.Tensor, w: torch.Tensor, scale: float, spec: str = "nhd,hmd->nhm") -> torch.Tensor:
-    """log phi(x) per head: x [N, H, d], w [H, m, d] -> [N, H, m] (strategies/performer.py, per head);
+    """log phi(x) per head: x [N, H, d], w [H, m, d] -> [N, H, m] (strategies/linear/features.py, per head);
     `spec` contracts other layouts of x whose last dimension is d (e.g. [B, Hkv, G, d])."""
     xs = x * math.sqrt(scale)
     return torch.einsum(spec, xs, w) - 0.5 * (xs * xs).sum(-1, keepdim=True) - 0.5 * math.log(w.shape[1])

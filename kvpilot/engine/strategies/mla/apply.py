@@ -3,7 +3,7 @@
 - DeepSeek-V2/V3 checkpoints always cache the latent; decode is absorbed through the mla_decode
   kernel, or, with `disable_mla`, decompressed like prefill (the checkpoint's own formulation).
 - `attention="mla"` with `latent_rank=r` on a Llama/Mistral/Qwen2 checkpoint factorises K/V by SVD
-  into a shared rank-r latent at load (models/mla_converted.py), logs the reconstruction error and
+  into a shared rank-r latent at load (strategies/mla/attention.py), logs the reconstruction error and
   reports it in the stats feed's `engine.mla` section; `disable_mla` serves the original attention.
   Its decode absorbs W_UV but decompresses K (RoPE rotates every key dim), so the feed's
   `absorbed_decode`, which means both sides absorbed, stays false for it.
@@ -18,6 +18,7 @@ from typing import Any
 from torch import nn
 
 from kvpilot.engine.config import EngineConfig, ModelConfig
+from kvpilot.engine.config.strategy import conversion_rank
 
 log = logging.getLogger("kvpilot.engine.mla")
 
@@ -52,37 +53,8 @@ class MlaState:
         }
 
 
-def conversion_rank(config: EngineConfig, model_config: ModelConfig) -> int | None:
-    """The latent rank to convert to, or None (native model, another strategy, or --disable-mla)."""
-    attention = getattr(config, "attention", config.strategy)
-    if model_config.deepseek is not None:
-        if config.latent_rank is not None:
-            raise ValueError(
-                f"latent_rank={config.latent_rank}: {model_config.family} already caches an MLA latent of "
-                f"kv_lora_rank={model_config.deepseek.kv_lora_rank}; leave latent_rank unset"
-            )
-        return None
-    if attention != "mla":
-        if config.latent_rank is not None:
-            raise ValueError(f"latent_rank applies to attention='mla' only, not {attention!r}")
-        return None
-    if config.disable_mla:
-        return None
-    if config.latent_rank is None:
-        raise ValueError(
-            f"attention='mla' on a {model_config.family} checkpoint needs latent_rank (the shared latent's width)"
-        )
-    if getattr(config, "eviction", "none") != "none":
-        raise ValueError(
-            "eviction is not available with the MLA conversion: its keys are rotated at attention time by "
-            "their position in the cached view, which eviction shortens; use eviction='none' or --disable-mla"
-        )
-    return config.latent_rank
-
-
 def apply_mla(model: nn.Module, config: EngineConfig, model_config: ModelConfig) -> MlaState:
     """Set up the model's MLA after its weights are loaded (converts in place); logs what it did."""
-    _check_cache_dtype(config, model_config)
     if model_config.deepseek is not None:
         absorbed = not config.disable_mla
         model.set_absorb(absorbed)  # type: ignore[operator]
@@ -110,16 +82,3 @@ def apply_mla(model: nn.Module, config: EngineConfig, model_config: ModelConfig)
         stats["reconstruction_error_max"], stats["reconstruction_error_k"], stats["reconstruction_error_v"],
     )  # fmt: skip
     return state
-
-
-def _check_cache_dtype(config: EngineConfig, model_config: ModelConfig) -> None:
-    """The latent cache is 16/32-bit: the 8-bit K/V formats (kernels/kv_quant) have no latent variant."""
-    from kvpilot.engine.config.strategy import kv_cache_kind
-
-    kind = kv_cache_kind(config)
-    mla = model_config.deepseek is not None or conversion_rank(config, model_config) is not None
-    if mla and kind in ("int8", "fp8", "auto-switch"):
-        raise ValueError(
-            f"kv_cache_dtype {config.kv_cache_dtype!r} ({kind}) is not available for an MLA latent cache; "
-            "use auto, float16, bfloat16 or float32, or pass --disable-kv-quant"
-        )

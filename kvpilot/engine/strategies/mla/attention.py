@@ -4,9 +4,9 @@
 latent c = down x (width `rank`) is what the paged cache holds; attention reconstructs
 K = up_k c (+ bias), applies RoPE at each cached token's position, and V = up_v c (+ bias), then runs
 causal softmax attention (mla_attention.LatentAttention). All head dims are factorised (rope_dims 0
-in strategies/mla_conversion.py): these checkpoints were trained with RoPE on every dim, so the
+in strategies/mla/svd.py): these checkpoints were trained with RoPE on every dim, so the
 reconstructed key is rotated at attention time and W_UK is not absorbed (see docs/strategies.md).
-Decode runs batched with W_UV absorbed (strategies/mla_conversion_decode.py); prefill decompresses.
+Decode runs batched with W_UV absorbed (strategies/mla/decode.py); prefill decompresses.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class ConvertedMlaAttention(nn.Module):
         self.register_buffer("v_bias", None if src.v_proj.bias is None else src.v_proj.bias.detach().clone())
         self.attn = LatentAttention(self.num_heads, conv.rank, src.attn.scale)
         self.conversion = conv
-        # The original projections stay for runtime validation's exact side (mla_check.py): dense
+        # The original projections stay for runtime validation's exact side (strategies/mla/check.py): dense
         # passes only, since the paged cache holds latents. They cost weights, not KV memory.
         self.k_proj, self.v_proj = src.k_proj, src.v_proj
         self.force_exact = False

@@ -1,6 +1,6 @@
 """Batched decode over the MLA conversion's paged latent cache: K decompressed once per KV head, V absorbed.
 
-The cached row of token n is the SVD latent c_n (strategies/mla_conversion.py). For one query per
+The cached row of token n is the SVD latent c_n (strategies/mla/svd.py). For one query per
 sequence:
 - K_n = RoPE_n(up_k c_n + b_k): every dim of these checkpoints rotates, so up_k cannot be absorbed into
   the query; it is decompressed for the whole batch at once (one gather of the latent rows, one matmul
