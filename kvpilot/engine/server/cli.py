@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kvpilot.engine.config.strategy import KV_CACHE_DTYPES
+from kvpilot.engine.config.arguments import add_config_arguments, config_kwargs
 from kvpilot.engine.metrics.stats_contract import DEFAULT_STATS_PORT
 from kvpilot.engine.server.idempotency import DEFAULT_MAX_BYTES as DEFAULT_IDEMPOTENCY_BYTES
 from kvpilot.engine.server.request_guard import DEFAULT_MAX_BODY_BYTES
@@ -38,64 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--stats-host", default="127.0.0.1", help="the stats feed binds here (sidecar only)")
     parser.add_argument("--stats-port", type=int, default=DEFAULT_STATS_PORT)
-    engine = parser.add_argument_group("engine")
-    engine.add_argument("--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"))
-    engine.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    engine.add_argument("--max-num-seqs", type=int, default=64, help="sequences running at once")
-    engine.add_argument(
-        "--max-num-batched-tokens", type=int, default=2048, help="tokens per step (prefill budget)"
-    )
-    engine.add_argument(
-        "--max-model-len", type=int, help="prompt + output tokens at most (default: config.json)"
-    )
-    engine.add_argument("--block-size", type=int, default=16)
-    engine.add_argument(
-        "--num-kv-blocks", type=int, help="KV pool size in blocks (default: from the capacity plan)"
-    )
-    engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    engine.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
-    engine.add_argument(
-        "--kv-cache-dtype",
-        default="auto",
-        choices=KV_CACHE_DTYPES,
-        help="auto: the model dtype (switching to int8 by batch size with --kv-quant-auto-threshold); "
-        "int8 / fp8: 8-bit KV dequantised in the attention kernels",
-    )
-    engine.add_argument(
-        "--kv-quant-auto-threshold", type=int, help="auto: new sequences get int8 blocks at this running batch size"
-    )
-    engine.add_argument(
-        "--kv-quant-auto-hysteresis", type=int, help="auto: back to 16-bit below threshold minus this (threshold/4)"
-    )
-    engine.add_argument(
-        "--kv-quant-auto-split", type=float, default=0.5, help="auto: share of the KV memory for 16-bit blocks"
-    )
-    engine.add_argument("--disable-kv-quant", action="store_true", help="serve the 16-bit KV cache")
-    engine.add_argument("--attention", default="native", help="memory strategy: native | gqa | mla | linear")
-    engine.add_argument("--kv-head-groups", type=int, help="gqa: KV heads after mean-pooling the checkpoint's")
-    engine.add_argument("--disable-gqa", action="store_true", help="serve the checkpoint's own KV heads")
-    engine.add_argument(
-        "--linear-window", type=int, default=64, help="linear: most recent tokens attended exactly"
-    )
-    engine.add_argument("--linear-features", type=int, help="linear: random features per KV head (head_dim)")
-    engine.add_argument("--disable-linear", action="store_true", help="serve the checkpoint's softmax attention")
-    engine.add_argument("--latent-rank", type=int, help="mla: width of the SVD latent cached per token and layer")
-    engine.add_argument(
-        "--disable-mla", action="store_true", help="serve the original attention (DeepSeek: no absorbed decode)"
-    )
-    engine.add_argument(
-        "--eviction", default="none", choices=("none", "sinks", "ladder"),
-        help="long context: keep attention sinks + a recent window (ladder: older spans kept sparsely)",
-    )  # fmt: skip
-    engine.add_argument("--eviction-sinks", type=int, default=4, help="eviction: first tokens always kept")
-    engine.add_argument("--eviction-window", type=int, default=1024, help="eviction: recent tokens kept")
-    engine.add_argument("--eviction-ladder-span", type=int, help="ladder: tokens per level (default: window)")
-    engine.add_argument("--validate-every", type=int, default=100, help="decode tokens between validations")
-    engine.add_argument("--validation-sample-rate", type=float, default=0.1, help="share of sequences validated")
-    engine.add_argument(
-        "--head-utilization-every", type=int, default=64, help="decode steps between head-utilisation samples"
-    )
-    engine.add_argument("--cuda-graphs", action="store_true", help="replay CUDA graphs for decode-only steps (CUDA)")
+    add_config_arguments(parser.add_argument_group("engine"))  # one flag per EngineConfig knob
     plan = parser.add_argument_group("capacity plan")
     plan.add_argument("--kv-watermark", type=float, default=0.8, help="share of free memory for the KV pool")
     plan.add_argument(
@@ -179,40 +122,7 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any, str]:
         raise ValueError("--max-body-bytes, --max-concurrent-scores and --idempotency-max-bytes must be at least 1")
     if args.model_sha256:
         verify_checkpoint(args.model, args.model_sha256)
-    config = EngineConfig(
-        model=str(args.model),
-        dtype=args.dtype,
-        device=args.device,
-        block_size=args.block_size,
-        num_kv_blocks=args.num_kv_blocks,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        enable_prefix_caching=args.enable_prefix_caching,
-        enable_chunked_prefill=args.chunked_prefill,
-        kv_cache_dtype=args.kv_cache_dtype,
-        show_progress=False,
-        attention=args.attention,
-        kv_head_groups=args.kv_head_groups,
-        disable_gqa=args.disable_gqa,
-        linear_window=args.linear_window,
-        linear_features=args.linear_features,
-        disable_linear=args.disable_linear,
-        latent_rank=args.latent_rank,
-        disable_mla=args.disable_mla,
-        kv_quant_auto_threshold=args.kv_quant_auto_threshold,
-        kv_quant_auto_hysteresis=args.kv_quant_auto_hysteresis,
-        kv_quant_auto_split=args.kv_quant_auto_split,
-        disable_kv_quant=args.disable_kv_quant,
-        eviction=args.eviction,
-        eviction_sinks=args.eviction_sinks,
-        eviction_window=args.eviction_window,
-        eviction_ladder_span=args.eviction_ladder_span,
-        validate_every=args.validate_every,
-        validation_sample_rate=args.validation_sample_rate,
-        head_utilization_every=args.head_utilization_every,
-        cuda_graphs=args.cuda_graphs,
-    )
+    config = EngineConfig(model=str(args.model), show_progress=False, **config_kwargs(args))
     device = resolve_device(config.device)
     try:
         plan = plan_for(config, device, parse_bytes(args.cpu_memory_budget), args.kv_watermark)
