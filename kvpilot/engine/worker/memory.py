@@ -1,4 +1,4 @@
-"""Device memory accounting for the runner: KV bytes per block, pool sizing, activation peaks."""
+"""Device memory accounting for the runner: device and dtype, pool sizing, activation peaks."""
 
 from __future__ import annotations
 
@@ -24,25 +24,6 @@ def pick_dtype(requested: str, model_dtype: str, device: torch.device) -> torch.
     if device.type == "cpu":
         return torch.float32
     return DTYPES.get(model_dtype, torch.bfloat16)
-
-
-def kv_bytes_per_block(
-    mc: ModelConfig, block_size: int, kv_dtype: torch.dtype, latent_width: int | None = None
-) -> int:
-    """K and V of every layer for block_size tokens; an MLA cache holds one latent row per token and
-    layer instead: DeepSeek's kv_lora_rank + qk_rope_head_dim, or `latent_width` (MLA conversion)."""
-    elem = torch.empty((), dtype=kv_dtype).element_size()
-    if latent_width is None and mc.deepseek is not None:
-        latent_width = mc.deepseek.latent_width
-    if latent_width is not None:
-        return mc.num_hidden_layers * block_size * latent_width * elem
-    return 2 * num_kv_layers(mc) * block_size * mc.num_key_value_heads * mc.head_dim * elem
-
-
-def num_kv_layers(mc: ModelConfig) -> int:
-    """Layers with a paged KV cache: all but a hybrid model's linear-attention layers, whose
-    recurrent state lives in the state pool (worker/state_cache.py), sized per sequence instead."""
-    return mc.num_hidden_layers - (mc.hybrid.num_linear_layers if mc.hybrid is not None else 0)
 
 
 def cuda_kv_blocks(

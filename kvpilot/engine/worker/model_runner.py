@@ -12,15 +12,14 @@ from kvpilot.engine.core.scheduler import SchedulerOutput
 from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.models import build_model
 from kvpilot.engine.strategies.gqa.convert import gqa_transform
-from kvpilot.engine.strategies.kv_quant.layer import allocate_quantised_kv_cache, kv_layout_for
 from kvpilot.engine.strategies.mla.apply import apply_mla
 from kvpilot.engine.worker.cuda_graphs import build_decode_graphs
 from kvpilot.engine.worker.inputs import BlockTableRows, InputStager
+from kvpilot.engine.worker.kv_cache import KVCache, allocate_kv_cache, block_bytes, kv_layout_for
 from kvpilot.engine.worker.loader import load_weights
 from kvpilot.engine.worker.memory import (
     cuda_kv_blocks,
     estimate_activation_bytes,
-    kv_bytes_per_block,
     pick_device,
     pick_dtype,
     torch_memory,
@@ -38,7 +37,7 @@ class ModelRunner:
         self.model_config = model_config = served_model_config(config, model_config)  # GQA conversion
         self.device = pick_device(config.device)
         self.dtype = pick_dtype(config.dtype, model_config.torch_dtype, self.device)
-        self.kv_layout = kv_layout_for(config, self.dtype)  # strategies/kv_quant/layer.py: 16-bit, int8, fp8, auto
+        self.kv_layout = kv_layout_for(config, self.dtype)  # 16-bit, int8, fp8, auto (worker/kv_cache.py)
         self.kv_dtype = self.kv_layout.dtype
         self.block_size = config.block_size
         with torch.device("meta"):  # no memory until the target device, already in the target dtype
@@ -61,10 +60,13 @@ class ModelRunner:
         self._estimated = (0, 0)  # (tokens, logit rows) of the largest CPU activation estimate so far
         self.activation_peak_bytes = 0
         self._baseline_allocated = torch.cuda.memory_allocated(self.device) if self.is_cuda else 0
-        self.num_kv_blocks = self._size_kv_pool()
-        self.kv_pool_sizes: tuple[int, ...] = (self.num_kv_blocks,)  # (16-bit, int8) under auto switching
-        self.kv_quant_bytes = 0  # 8-bit K/V and scales beside kv_cache (strategies/kv_quant/layer.py)
-        self._allocate_kv_cache()
+        self.cache: KVCache = allocate_kv_cache(
+            self.kv_layout, self.model, model_config, self._size_kv_pool(), self.block_size,
+            self.mla.latent_width, self.device,
+        )  # fmt: skip
+        self.kv_cache = self.cache.kv_cache
+        self.num_kv_blocks = self.cache.num_blocks
+        self.kv_pool_sizes = self.cache.pool_sizes  # (16-bit, int8) under auto switching
         self.decode_graphs = build_decode_graphs(self) if config.cuda_graphs else None  # worker/cuda_graphs.py
 
     @property
@@ -84,9 +86,7 @@ class ModelRunner:
     # -- KV pool -------------------------------------------------------------------------
     @property
     def bytes_per_block(self) -> int:
-        if self.kv_layout.is_quantised:  # 8-bit blocks with their scales (auto: the 16-bit block)
-            return self.kv_layout.bytes_per_block(self.model_config, self.block_size)
-        return kv_bytes_per_block(self.model_config, self.block_size, self.kv_dtype, self.mla.latent_width)
+        return block_bytes(self.kv_layout, self.model_config, self.block_size, self.mla.latent_width)
 
     def _size_kv_pool(self) -> int:
         if self.config.num_kv_blocks is not None:
@@ -113,30 +113,6 @@ class ModelRunner:
         finally:
             reset_context()
         torch.cuda.synchronize(self.device)
-
-    def _allocate_kv_cache(self) -> None:
-        mc = self.model_config
-        if self.kv_layout.is_quantised:  # int8 / fp8 / auto switching: 8-bit K/V and scales per layer
-            return allocate_quantised_kv_cache(self)
-        if self.mla.latent_width is not None:  # MLA: one latent row per token and layer (layers/latent_attention.py)
-            layers = self.model.attention_layers()
-            shape = (len(layers), self.num_kv_blocks, self.block_size, self.mla.latent_width)
-            self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
-            for i, attn in enumerate(layers):
-                attn.kv_cache = self.kv_cache[i]
-            return
-        shape = (
-            2,
-            len(self.model.attention_layers()),
-            self.num_kv_blocks,
-            self.block_size,
-            mc.num_key_value_heads,
-            mc.head_dim,
-        )
-        self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
-        for i, attn in enumerate(self.model.attention_layers()):
-            attn.k_cache = self.kv_cache[0, i]
-            attn.v_cache = self.kv_cache[1, i]
 
     # -- one step ------------------------------------------------------------------------
     @torch.inference_mode()
@@ -274,7 +250,7 @@ class ModelRunner:
     def _track_activation(self, num_tokens: int, num_logit_rows: int) -> None:
         if self.is_cuda:
             base = self._baseline_allocated + self.kv_cache.numel() * self.kv_cache.element_size()
-            base += self.kv_quant_bytes
+            base += self.cache.quant_bytes
             peak = torch.cuda.max_memory_allocated(self.device) - base
         elif num_tokens > self._estimated[0] or num_logit_rows > self._estimated[1]:  # the estimate only grows
             self._estimated = (max(num_tokens, self._estimated[0]), max(num_logit_rows, self._estimated[1]))

@@ -1,6 +1,6 @@
 """The engine's 8-bit KV caches (int8, fp8 e4m3) and the 16-bit/int8 pools of `kv_cache_dtype=auto`.
 
-The runner allocates, per layer, beside (or instead of) the 16-bit K/V: int8/fp8 K/V
+worker/kv_cache.py allocates, per layer, beside (or instead of) the 16-bit K/V: int8/fp8 K/V
 `[n8, block_size, Hkv, D]` (V stored dim-major within a block: kernels/kv_quant/layout.py) and their scales (int8: fp32 `[n8, block_size, Hkv]` per token and head,
 written by the store; fp8: fp32 `[Hkv]` per layer, calibrated from the layer's first write and then
 fixed, see docs/strategies.md). Each Attention layer gets a `LayerKVQuant` that replaces its
@@ -12,83 +12,13 @@ block-dequant path (kernels/kv_quant). Under auto switching a step's tokens are 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from kvpilot.engine.config import EngineConfig, ModelConfig
-from kvpilot.engine.config.strategy import AUTO_QUANT_DTYPE, QUANTISED, kv_cache_kind
 from kvpilot.engine.context import Context
 from kvpilot.engine.kernels import paged_attention_decode, paged_attention_prefill, store_kvcache
-from kvpilot.engine.kernels.kv_quant.layout import zeros_dim_major, zeros_token_contiguous
 from kvpilot.engine.kernels.kv_quant.ops import paged_attention_decode_quant, store_kvcache_quant
-from kvpilot.engine.kernels.kv_quant.reference import FP8_DTYPE, calibrate_fp8_scale
-
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-QUANT_TORCH_DTYPES = {"int8": torch.int8, "fp8": FP8_DTYPE}
-INT8_SCALE_BYTES = 4  # fp32 scale per token and KV head, for K and for V
-
-
-@dataclass(frozen=True)
-class KVLayout:
-    """What the KV pool holds: `kind` ('model', a 16/32-bit name, 'int8', 'fp8', 'auto-switch')."""
-
-    kind: str
-    dtype16: torch.dtype  # the unquantised pool's dtype
-    quant: str | None  # 'int8' | 'fp8' for the 8-bit pool, None without one
-    split: float = 0.5  # auto-switch: share of the KV memory for the 16-bit pool
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The cache dtype of a single-pool layout (the 16-bit one under auto switching)."""
-        if self.kind in QUANTISED:
-            return QUANT_TORCH_DTYPES[self.kind]
-        return self.dtype16
-
-    @property
-    def is_quantised(self) -> bool:
-        return self.quant is not None
-
-    def bytes16(self, mc: ModelConfig, block_size: int) -> int:
-        elem = torch.empty((), dtype=self.dtype16).element_size()
-        return 2 * _kv_layers(mc) * block_size * mc.num_key_value_heads * mc.head_dim * elem
-
-    def bytes8(self, mc: ModelConfig, block_size: int) -> int:
-        """One 8-bit block, all layers, K and V, with int8's per-token scales (fp8's are per layer)."""
-        per_token = mc.head_dim + (INT8_SCALE_BYTES if self.quant == "int8" else 0)
-        return 2 * _kv_layers(mc) * block_size * mc.num_key_value_heads * per_token
-
-    def bytes_per_block(self, mc: ModelConfig, block_size: int) -> int:
-        """Bytes that size the pool: the 8-bit block for int8/fp8, else (auto too) the 16-bit block."""
-        return self.bytes8(mc, block_size) if self.kind in QUANTISED else self.bytes16(mc, block_size)
-
-    def split_blocks(self, num_blocks: int, mc: ModelConfig, block_size: int) -> tuple[int, int]:
-        """(16-bit blocks, 8-bit blocks) for a pool of num_blocks blocks of bytes_per_block each."""
-        if self.kind in QUANTISED:
-            return 0, num_blocks
-        if self.kind != "auto-switch":
-            return num_blocks, 0
-        if num_blocks < 2:
-            raise ValueError(f"kv_cache_dtype=auto switching needs >= 2 KV blocks (one per pool), got {num_blocks}")
-        n16 = min(num_blocks - 1, max(1, int(num_blocks * self.split)))
-        n8 = (num_blocks - n16) * self.bytes16(mc, block_size) // self.bytes8(mc, block_size)
-        return n16, n8
-
-
-def _kv_layers(mc: ModelConfig) -> int:
-    """Layers with a paged K/V cache (a hybrid model's linear layers keep a state instead)."""
-    hybrid = getattr(mc, "hybrid", None)
-    return mc.num_hidden_layers - (hybrid.num_linear_layers if hybrid is not None else 0)
-
-
-def kv_layout_for(config: EngineConfig, compute_dtype: torch.dtype) -> KVLayout:
-    kind = kv_cache_kind(config)
-    if kind in ("model", "auto-switch") or kind in QUANTISED:
-        dtype16 = compute_dtype
-    else:
-        dtype16 = TORCH_DTYPES[kind]
-    quant = kind if kind in QUANTISED else AUTO_QUANT_DTYPE if kind == "auto-switch" else None
-    return KVLayout(kind, dtype16, quant, config.kv_quant_auto_split)
+from kvpilot.engine.kernels.kv_quant.reference import calibrate_fp8_scale
 
 
 @dataclass
@@ -232,32 +162,3 @@ class LayerKVQuant:
         else:
             o = paged_attention_decode(q16, kc, vc, part.block_tables, part.context_lens, scale)
         return o.to(q.dtype)
-
-
-def allocate_quantised_kv_cache(runner: Any) -> None:  # a ModelRunner (importing it would cycle)
-    """Allocate the 16-bit pool (possibly empty) and the 8-bit pool with scales; wire every layer."""
-    layout: KVLayout = runner.kv_layout  # an MLA latent cache with 8-bit K/V: refused by config/strategy.py
-    mc, bs = runner.model_config, runner.block_size
-    n16, n8 = layout.split_blocks(runner.num_kv_blocks, mc, bs)
-    layers = runner.model.attention_layers()
-    heads, dim, device = mc.num_key_value_heads, mc.head_dim, runner.device
-    runner.kv_cache = torch.zeros((2, len(layers), n16, bs, heads, dim), dtype=layout.dtype16, device=device)
-    # K token-major, V dim-major within a block, int8 scales token-contiguous: kernels/kv_quant/layout.py
-    dtype8 = QUANT_TORCH_DTYPES[layout.quant]
-    runner.kv_cache8 = (
-        torch.zeros((len(layers), n8, bs, heads, dim), dtype=dtype8, device=device),
-        zeros_dim_major((len(layers),), n8, bs, heads, dim, dtype8, device),
-    )
-    if layout.quant == "int8":
-        runner.kv_scales = zeros_token_contiguous((2, len(layers)), n8, bs, heads, torch.float32, device)
-    else:
-        runner.kv_scales = torch.ones((2, len(layers), heads), dtype=torch.float32, device=device)
-    for i, attn in enumerate(layers):
-        attn.k_cache, attn.v_cache = runner.kv_cache[0, i], runner.kv_cache[1, i]
-        attn.kv_quant = LayerKVQuant(
-            layout.quant, runner.kv_cache8[0][i], runner.kv_cache8[1][i], runner.kv_scales[0, i],
-            runner.kv_scales[1, i], n16, bs,
-        )
-    runner.kv_quant_bytes = sum(t.numel() * t.element_size() for t in (*runner.kv_cache8, runner.kv_scales))
-    runner.num_kv_blocks = n16 + n8
-    runner.kv_pool_sizes = (n16, n8) if layout.kind == "auto-switch" else (n8,)
