@@ -7,11 +7,12 @@ import torch
 
 from kvpilot.engine.config import EngineConfig, ModelConfig
 from kvpilot.engine.config.strategy import check_model_strategy, served_model_config
-from kvpilot.engine.context import Context, reset_context, set_context
+from kvpilot.engine.context import Context, dense_context, reset_context, set_context
 from kvpilot.engine.core.scheduler import SchedulerOutput
 from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.models import build_model
 from kvpilot.engine.strategies.gqa.convert import gqa_transform
+from kvpilot.engine.strategies.linear.apply import apply_linear
 from kvpilot.engine.strategies.mla.apply import apply_mla
 from kvpilot.engine.worker.cuda_graphs import build_decode_graphs
 from kvpilot.engine.worker.inputs import BlockTableRows, InputStager
@@ -50,6 +51,7 @@ class ModelRunner:
         )
         self.model.eval()
         self.mla = apply_mla(self.model, config, model_config)  # native DeepSeek MLA or SVD conversion
+        apply_linear(self.model, config)  # Performer conversion of softmax layers (attention="linear")
         self.linear_state = build_linear_state(self.model, config, self.device)  # None: no recurrent state
         self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.generators: dict[str, torch.Generator] = {}
@@ -106,12 +108,9 @@ class ModelRunner:
     def _profile_run(self) -> None:
         n = min(self.config.max_num_batched_tokens, self.model_config.max_position_embeddings)
         ids = torch.zeros(n, dtype=torch.long, device=self.device)
-        set_context(Context(dense=True))
-        try:
+        with dense_context():
             hidden = self.model(ids, torch.arange(n, device=self.device))
             self.model.compute_logits(hidden[-min(n, self.config.max_num_seqs) :]).float()
-        finally:
-            reset_context()
         torch.cuda.synchronize(self.device)
 
     # -- one step ------------------------------------------------------------------------
@@ -265,11 +264,8 @@ class ModelRunner:
         """log p(continuation[i] | prompt + continuation[:i]) for each continuation token."""
         tokens = list(prompt_token_ids) + list(continuation_token_ids)
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        set_context(Context(dense=True))
-        try:
+        with dense_context():
             hidden = self.model(ids, torch.arange(len(tokens), device=self.device))
-        finally:
-            reset_context()
         start = len(prompt_token_ids) - 1
         logits = self.model.compute_logits(hidden[start : len(tokens) - 1]).float()
         logprobs = torch.log_softmax(logits, dim=-1)

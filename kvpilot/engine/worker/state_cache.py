@@ -18,7 +18,6 @@ from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.context import Context
 from kvpilot.engine.core.scheduler import SchedulerOutput
 from kvpilot.engine.core.state_pool import StatePool
-from kvpilot.engine.strategies.linear.attention import convert_to_performer
 
 STATE_DTYPE = torch.float32
 
@@ -84,9 +83,7 @@ class LinearState:
 
 
 def build_linear_state(model: nn.Module, config: EngineConfig, device: torch.device) -> LinearState | None:
-    """Convert softmax layers to Performer ones when `attention="linear"` asks (and `disable_linear`
-    does not), then give every stateful layer its pool: one slot per schedulable sequence."""
-    if config.attention == "linear" and not config.disable_linear:  # checked in config/strategy.py
-        convert_to_performer(model, config)
+    """Give every stateful layer (MiniMax lightning, Performer-converted) its pool: one slot per
+    schedulable sequence; None when the model has no such layer."""
     layers = stateful_layers(model)
     return LinearState(layers, config.max_num_seqs, device) if layers else None

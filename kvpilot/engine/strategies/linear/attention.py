@@ -22,13 +22,10 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 
-from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.context import Context, get_context
 from kvpilot.engine.kernels import store_kvcache
 from kvpilot.engine.layers.attention import Attention
-from kvpilot.engine.strategies.linear.features import draw_features
 
 
 class PerformerAttention(Attention):
@@ -252,27 +249,3 @@ def _sequences(
             seqs.append((row, ctx_len - 1, 1, slot, table))
             row += 1
     return seqs
-
-
-def convert_to_performer(model: nn.Module, config: EngineConfig) -> int:
-    """Replace every paged softmax Attention of the model with a PerformerAttention; return how many.
-
-    Features per layer and KV head come from a generator seeded with (linear_seed, layer): the same
-    config always gives the same converted model.
-    """
-    converted = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is not Attention:
-                continue
-            m = config.linear_features or child.head_dim
-            gen = torch.Generator().manual_seed(config.linear_seed * 100_003 + converted)
-            w = torch.stack([draw_features(m, child.head_dim, gen) for _ in range(child.num_kv_heads)])
-            setattr(parent, name, PerformerAttention(child, config.linear_window, w))
-            converted += 1
-    if not converted:
-        raise ValueError(
-            f"attention='linear' found no softmax attention layer to convert in {type(model).__name__}; "
-            "it applies to Llama/Qwen2/Mistral checkpoints"
-        )
-    return converted
