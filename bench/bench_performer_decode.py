@@ -10,7 +10,7 @@ Paths:
 - `softmax`: the checkpoint's own attention over the whole K/V cache (paged_attention_decode);
 - `performer-loop`: the conversion with `batched_decode = False`, one sequence at a time with host
   syncs (the decode before this script);
-- `performer-batched`: the conversion's batched decode (performer_attention._decode_batched).
+- `performer-batched`: the conversion's batched decode (strategies/linear/attention._decode_batched).
 Per step: wall time of LLMEngine.step() and of the model forward inside it (medians of --steps steps
 after --warmup), milliseconds, and decode tokens/s (batch / step time).
 `--layer-only`: one PerformerAttention layer's decode forward alone (same shapes, random paged cache

@@ -27,7 +27,7 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
-        self.block_table: list[int] = []  # append-only; to drop entries assign a new list (context.BlockTableRows)
+        self.block_table: list[int] = []  # append-only; to drop entries assign a new list (worker/inputs.BlockTableRows)
         self.block_hashes: list[int] = []
         self.num_evicted_tokens = 0  # full blocks dropped by eviction (kvpilot/engine/strategies/eviction/policy.py)
         self.exact_path = False  # runtime validation moved this sequence off its approximation

@@ -27,7 +27,7 @@ class Attention(nn.Module):
         self.scale = scale
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
-        self.kv_quant: Any = None  # kv_quant_cache.LayerKVQuant when the cache is int8/fp8/auto-switched
+        self.kv_quant: Any = None  # strategies/kv_quant/layer.LayerKVQuant when the cache is int8/fp8/auto-switched
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]."""

@@ -3,7 +3,7 @@
 `convert_to_mla(model, rank)` replaces every layer's `self_attn` by `ConvertedMlaAttention`: the
 latent c = down x (width `rank`) is what the paged cache holds; attention reconstructs
 K = up_k c (+ bias), applies RoPE at each cached token's position, and V = up_v c (+ bias), then runs
-causal softmax attention (mla_attention.LatentAttention). All head dims are factorised (rope_dims 0
+causal softmax attention (layers/latent_attention.LatentAttention). All head dims are factorised (rope_dims 0
 in strategies/mla/svd.py): these checkpoints were trained with RoPE on every dim, so the
 reconstructed key is rotated at attention time and W_UK is not absorbed (see docs/strategies.md).
 Decode runs batched with W_UV absorbed (strategies/mla/decode.py); prefill decompresses.
