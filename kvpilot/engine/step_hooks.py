@@ -19,6 +19,7 @@ from kvpilot.engine.metrics.head_utilization import HeadUtilizationSampler
 from kvpilot.engine.strategies.eviction.check import EvictionCheck, check_pool_fits, eviction_policy
 from kvpilot.engine.strategies.eviction.policy import Evictor
 from kvpilot.engine.strategies.kv_quant.check import kv_quant_checks
+from kvpilot.engine.strategies.kv_quant.pools import PooledBlockManager
 from kvpilot.engine.strategies.linear.check import linear_checks
 from kvpilot.engine.strategies.mla.check import mla_checks
 from kvpilot.engine.validation.runner import ApproximationCheck, ValidationRunner
@@ -42,7 +43,7 @@ class StepHooks:
     ) -> None:
         policy = eviction_policy(config)
         bm = block_manager
-        manager_for = getattr(bm, "_pool", None)  # PooledBlockManager (kv_quant/pools.py): the seq's own pool
+        manager_for = bm.manager_of if isinstance(bm, PooledBlockManager) else None  # the seq's own pool
         self.evictor = Evictor(policy, bm, manager_for) if policy.enabled else None
         if self.evictor is not None:
             chunk = policy.window_blocks * bm.block_size

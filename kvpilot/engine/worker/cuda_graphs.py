@@ -237,7 +237,7 @@ def build_decode_graphs(runner: Any) -> DecodeGraphs | None:  # a ModelRunner (i
         kv_kind=runner.kv_layout.kind,
         eviction=config.eviction,
         plain_attention=all(type(m) is Attention for m in runner.model.attention_layers()),
-        latent_cache=getattr(runner.mla, "latent_width", None) is not None,
+        latent_cache=runner.mla.latent_width is not None,
         recurrent_state=runner.linear_state is not None,
     )
     if reason is not None:

@@ -50,9 +50,8 @@ def score_paged(
             bm.may_append(seq, n)
             out = SchedulerOutput([ScheduledSeq(seq, n)])
             ctx, ids, positions, _ = runner._prepare(out)
-            linear_state = getattr(runner, "linear_state", None)
-            if linear_state is not None:
-                linear_state.attach(ctx, out)
+            if runner.linear_state is not None:
+                runner.linear_state.attach(ctx, out)
             set_context(ctx)
             try:
                 hidden = runner.model(ids, positions)

@@ -62,7 +62,7 @@ class LinearState:
             index = torch.tensor(fresh, dtype=torch.long, device=self.device)
             for layer in self.layers:
                 layer.state_pool.index_fill_(0, index, 0.0)
-        ctx.linear_exact = [getattr(s.seq, "exact_path", False) for s in (*prefill, *decode)]
+        ctx.linear_exact = [s.seq.exact_path for s in (*prefill, *decode)]
         if prefill:
             ctx.linear_slots = torch.tensor(slots[0], dtype=torch.int32).to(self.device, non_blocking=True)
         if decode:

@@ -72,7 +72,7 @@ class PooledBlockManager:
             self.mode, self.switches_total = POOL16, self.switches_total + 1
         return self.mode
 
-    def _pool(self, seq: Sequence) -> BlockManager:
+    def manager_of(self, seq: Sequence) -> BlockManager:
         return self.pools[self.pool_of(seq)]
 
     def sequences_per_pool(self) -> dict[str, int]:
@@ -120,7 +120,7 @@ class PooledBlockManager:
         return -(-num_tokens // self.block_size)
 
     def match_prefix(self, seq: Sequence) -> list[tuple[int, int]]:
-        return self._pool(seq).match_prefix(seq)
+        return self.manager_of(seq).match_prefix(seq)
 
     def can_allocate(
         self,
@@ -129,7 +129,7 @@ class PooledBlockManager:
         hits: list[tuple[int, int]] | None = None,
         reserve_blocks: int = 0,
     ) -> bool:
-        pool = self._pool(seq)
+        pool = self.manager_of(seq)
         reserve = -(-reserve_blocks * pool.num_blocks // max(1, self.num_blocks))  # the pool's share
         return pool.can_allocate(seq, num_new_tokens, hits, reserve)
 
@@ -139,13 +139,13 @@ class PooledBlockManager:
         self._bound[seq.request_id] = name
 
     def can_append(self, seq: Sequence, num_new_tokens: int = 1) -> bool:
-        return self._pool(seq).can_append(seq, num_new_tokens)
+        return self.manager_of(seq).can_append(seq, num_new_tokens)
 
     def may_append(self, seq: Sequence, num_new_tokens: int = 1) -> None:
-        self._pool(seq).may_append(seq, num_new_tokens)
+        self.manager_of(seq).may_append(seq, num_new_tokens)
 
     def commit(self, seq: Sequence) -> None:
-        self._pool(seq).commit(seq)
+        self.manager_of(seq).commit(seq)
 
     def deallocate(self, seq: Sequence) -> None:
         name = self._bound.pop(seq.request_id, None)
