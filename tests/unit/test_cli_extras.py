@@ -23,7 +23,7 @@ def _without(module: str, missing: str):  # type: ignore[no-untyped-def]
 
 
 def test_missing_engine_dependency_names_the_engine_extra(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(cli.importlib, "import_module", _without("kvpilot.engine.cli_serve", "torch"))
+    monkeypatch.setattr(cli.importlib, "import_module", _without("kvpilot.engine.server.cli", "torch"))
     assert cli.main(["serve", "--help"]) == 2
     err = capsys.readouterr().err
     assert "'serve' command needs the 'engine' extra" in err and "pip install 'kvpilot[engine]'" in err

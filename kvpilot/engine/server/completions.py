@@ -13,7 +13,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.server.admission import Admission
-from kvpilot.engine.server.errors import STRATEGY_HEADER, APIError, error_body, error_response
+from kvpilot.engine.server.api_error import error_body
+from kvpilot.engine.server.errors import STRATEGY_HEADER, APIError, error_response
 from kvpilot.engine.server.formats import DONE_EVENT, CompletionFormat, sse
 from kvpilot.engine.server.generation import EngineFailure, Generation
 from kvpilot.engine.server.idempotency import IDEMPOTENCY_HEADER, IdempotencyStore, body_fingerprint

@@ -11,51 +11,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from kvpilot.engine.server.api_error import APIError
+
 log = logging.getLogger("kvpilot.server")
 
 STRATEGY_HEADER = "X-Model-Strategy"
-
-_TYPE_BY_STATUS = {
-    400: "invalid_request_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    401: "authentication_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    422: "invalid_request_error",
-    429: "rate_limit_error",
-    500: "internal_error",
-    503: "service_unavailable",
-}
-
-
-class APIError(Exception):
-    """An error a client can act on; rendered as OpenAI's error JSON with `status`."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return error_body(self.status, self.message, param=self.param, code=self.code)
-
-
-def error_body(status: int, message: str, *, param: str | None = None, code: str | None = None) -> dict:
-    kind = _TYPE_BY_STATUS.get(status, "invalid_request_error" if status < 500 else "internal_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
 
 def error_response(exc: APIError, strategy: str) -> JSONResponse:
     headers = {**exc.headers, STRATEGY_HEADER: strategy}
@@ -103,7 +63,7 @@ def install_error_handlers(
             message = f"the request body is not valid JSON ({reason}{where}); send one JSON object"
             return error_response(APIError(422, message, param=None, code="invalid_json"), strategy)
         # pydantic refuses lone surrogates in some string fields with a confusing message: say it plainly.
-        from kvpilot.engine.server.text_checks import find_unicode_error  # it imports this module
+        from kvpilot.engine.server.text_checks import find_unicode_error
 
         unicode = find_unicode_error(getattr(exc, "body", None))
         if unicode is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from kvpilot.engine.server.errors import APIError
+from kvpilot.engine.server.api_error import APIError
 from kvpilot.engine.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
