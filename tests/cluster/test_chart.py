@@ -359,6 +359,12 @@ def test_every_example_applies_and_is_planned(installed, kubectl, path) -> None:
         kubectl("delete", "-n", ns, "-f", str(path), "--wait=false", check=False)
 
 
+def test_nothing_the_operator_did_for_the_examples_was_forbidden(installed) -> None:  # type: ignore[no-untyped-def]
+    """After every example (canary included) went through the operator running on the chart's token."""
+    log = installed["operator"].text()
+    assert log and not re.search(r"forbidden|\b403\b", log, re.IGNORECASE), log[-4000:]
+
+
 def test_dashboards_in_the_chart_render_as_labelled_configmaps(helm_home) -> None:  # type: ignore[no-untyped-def]
     files = sorted((CHART / "dashboards").glob("*.json")) if (CHART / "dashboards").is_dir() else []
     if not files:
