@@ -76,3 +76,10 @@ def test_example_plans_as_its_comment_says(path: Path) -> None:
     else:
         assert plan.feasible, plan.reason
         assert f"{plan.max_concurrency} concurrent" in header, (plan.max_concurrency, header)
+
+
+def test_the_probe_set_example_parses_with_the_operators_reader() -> None:
+    probes = pytest.importorskip("kvpilot.operator.analysis.probes", reason="the accuracy gate comes with the rollout")
+    body = yaml.safe_load((REPO / "examples" / "probe-set.yaml").read_text())
+    parsed = probes.parse_probes(body["data"][probes.DATA_KEY])
+    assert len(parsed) == 8 and all(p.prompt and p.continuation for p in parsed)
