@@ -377,3 +377,30 @@ def test_dashboards_in_the_chart_render_as_labelled_configmaps(helm_home) -> Non
         for key, text in m["data"].items():
             assert json.loads(text) == json.loads((CHART / "dashboards" / key).read_text())
 
+
+
+def test_cluster_wide_install_grants_every_namespace_but_no_secrets(helm_home, kubectl, k8s_cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The default (all namespaces) release installed; its token checked by access reviews (its operator
+    is not run: it would reconcile the other tests' namespaces)."""
+    sfx = _suffix()
+    system, release = f"kvp-cw-{sfx}", f"kvp-cw-{sfx}"
+    kubectl("create", "namespace", system)
+    admin = f"--kubeconfig={k8s_cluster.kubeconfig}"
+    try:
+        helm("install", release, str(CHART), "-n", system, admin, "--set", f"peering.name=kvpilot-{sfx}",
+             home=helm_home)
+        peering = kubectl.get("clusterkopfpeering", f"kvpilot-{sfx}")
+        assert peering["metadata"]["labels"]["app.kubernetes.io/instance"] == release
+        sa = Kubectl(token_kubeconfig(k8s_cluster.kubeconfig, k8s_cluster.server, system, f"{release}-kvpilot",
+                                      tmp_path / "cw.kubeconfig"))
+        anywhere = f"anywhere-{sfx}"  # need not exist: RBAC is checked before the namespace
+        for verb, group, resource in [("create", "apps", "deployments"), ("watch", "kvpilot.io", "inferenceservices"),
+                                      ("create", "gateway.networking.k8s.io", "httproutes")]:
+            assert _allowed(sa, verb, group, resource, anywhere), (verb, resource)
+        assert _allowed(sa, "patch", "kopf.dev", "clusterkopfpeerings", None)
+        assert not _allowed(sa, "get", "", "secrets", anywhere)
+        assert not _allowed(sa, "delete", "", "nodes", None)
+        assert not _allowed(sa, "list", "", "namespaces", None)  # granted only with watchNamespaces
+    finally:
+        helm("uninstall", release, "-n", system, admin, home=helm_home, check=False)
+        kubectl("delete", "namespace", system, "--wait=false", check=False)
