@@ -20,6 +20,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--gpu-product", default="NVIDIA-H200")
     up.add_argument("--gpu-memory-mib", type=int, default=143771)
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
+    up.add_argument("--gateway", action=argparse.BooleanOptionalAction, default=True,
+                    help="start the local gateway stand-in (nginx serving HTTPRoutes; docs/dev/local-fleet.md)")
+    up.add_argument("--pod-runner", action=argparse.BooleanOptionalAction, default=True,
+                    help="run pods of namespaces labelled local.kvpilot.io/run-pods=true as real processes "
+                         "(needs root; skipped with a warning otherwise)")
     for name, text in (("down", "stop every process `up` started and delete its files"),
                        ("env", "print `export KUBECONFIG=...` for the running cluster"),
                        ("status", "print the recorded processes and whether each still runs")):
@@ -30,6 +35,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for p in sub.choices.values():
         p.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR,
                        help=f"where certificates, data, logs and PIDs live (default {DEFAULT_STATE_DIR})")
+
+
+def _start_fleet(cluster, gateway: bool, pod_runner: bool) -> None:  # type: ignore[no-untyped-def]
+    from kvpilot.cluster.gateway.nginx_process import nginx_missing
+    from kvpilot.cluster.podrunner.netns import unavailable
+
+    for flag, why in (("gateway", nginx_missing() if gateway else None),
+                      ("pod-runner", unavailable() if pod_runner else None)):
+        if why:
+            print(f"kvpilot cluster up: not starting the {flag}: {why}", file=sys.stderr)
+    cluster.start_fleet(gateway=gateway and not nginx_missing(), pod_runner=pod_runner and not unavailable())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
         cluster = LocalCluster(args.state_dir, nodes=args.nodes, node_spec=spec, start_timeout_s=args.timeout)
         try:
             cluster.start()
+            _start_fleet(cluster, args.gateway, args.pod_runner)
         except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
+            cluster.stop()
             print(f"kvpilot cluster up: {exc}", file=sys.stderr)
             return 1
         print(f"cluster ready in {cluster.started_in_s:.1f} s: {cluster.server}, "

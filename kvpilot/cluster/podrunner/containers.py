@@ -1,0 +1,64 @@
+"""Pure: a pod's containers -> the processes the runner starts for them."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class UnsupportedContainer(ValueError):
+    """A container whose command the pod runner cannot run on this machine."""
+
+
+@dataclass(frozen=True)
+class ContainerPlan:
+    name: str
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    probe: tuple[int, str] | None  # readiness probe: (port, path) over HTTP on the pod IP
+
+
+def _port(value: Any, container: Mapping[str, Any]) -> int:
+    if isinstance(value, int):
+        return value
+    for port in container.get("ports") or []:
+        if port.get("name") == value:
+            return int(port["containerPort"])
+    raise UnsupportedContainer(f"container {container.get('name')}: probe port {value!r} is not a declared port")
+
+
+def plan_container(container: Mapping[str, Any], python: str = sys.executable) -> ContainerPlan:
+    """`kvpilot <sub-command> args` runs as `<python> -m kvpilot.cli <sub-command> args`; other
+    images' commands cannot run here (KWOK pods have no image)."""
+    command = [*(container.get("command") or []), *(container.get("args") or [])]
+    if not command or command[0] != "kvpilot":
+        raise UnsupportedContainer(
+            f"container {container.get('name')!r} runs {command[:1] or 'its image entrypoint'}; the local pod "
+            "runner starts only `kvpilot ...` commands (set `command: [kvpilot, ...]`)")
+    env = tuple((e["name"], str(e.get("value", ""))) for e in container.get("env") or [] if "value" in e)
+    probe = None
+    http = (container.get("readinessProbe") or {}).get("httpGet")
+    if http:
+        probe = (_port(http.get("port"), container), str(http.get("path", "/")))
+    return ContainerPlan(str(container["name"]), (python, "-m", "kvpilot.cli", *command[1:]), env, probe)
+
+
+def plan_pod(pod: Mapping[str, Any], python: str = sys.executable) -> list[ContainerPlan]:
+    return [plan_container(c, python) for c in pod.get("spec", {}).get("containers", [])]
+
+
+def scrape_target(pod: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A Prometheus file_sd entry for a pod annotated `prometheus.io/scrape: "true"`, labelled
+    namespace/service/track/pod as the PodMonitor's relabelling does on a real cluster."""
+    meta = pod["metadata"]
+    notes = meta.get("annotations") or {}
+    ip = (pod.get("status") or {}).get("podIP")
+    if notes.get("prometheus.io/scrape") != "true" or not ip or "prometheus.io/port" not in notes:
+        return None
+    labels = meta.get("labels") or {}
+    return {"targets": [f"{ip}:{notes['prometheus.io/port']}"],
+            "labels": {"namespace": meta["namespace"], "pod": meta["name"],
+                       "service": labels.get("kvpilot.io/service", ""), "track": labels.get("kvpilot.io/track", ""),
+                       "__metrics_path__": notes.get("prometheus.io/path", "/metrics")}}
