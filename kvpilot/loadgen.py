@@ -61,6 +61,7 @@ class LoadGenerator:
     timeout_s: float = 60.0
     max_in_flight: int = 64
     prompts: Sequence[str] = PROMPTS
+    model: str | None = None  # default: the first id of GET /v1/models
     outcomes: list[Outcome] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -79,6 +80,8 @@ class LoadGenerator:
         tasks = []
         limits = httpx.Limits(max_connections=self.max_in_flight, max_keepalive_connections=0)
         async with httpx.AsyncClient(base_url=self.url, timeout=self.timeout_s, limits=limits) as client:
+            if self.model is None:
+                self.model = await served_model(client, self.header, self.pin)
             i = 0
             while not self._stop.is_set() and (requests is None or i < requests):
                 due = began + i / self.rate_per_s
@@ -107,7 +110,7 @@ class LoadGenerator:
 
     async def _one(self, client: httpx.AsyncClient, i: int, began: float, slots: asyncio.Semaphore) -> None:
         streaming = int((i + 1) * self.stream_share) > int(i * self.stream_share)  # evenly spread
-        body = {"model": "kvpilot", "max_tokens": self.max_tokens, "stream": streaming, "temperature": 0,
+        body = {"model": self.model, "max_tokens": self.max_tokens, "stream": streaming, "temperature": 0,
                 "messages": [{"role": "user", "content": self.prompts[i % len(self.prompts)]}]}
         headers = {self.header: self.pin} if self.pin else {}
         sent = time.monotonic()
@@ -125,6 +128,22 @@ class LoadGenerator:
             slots.release()
         self.outcomes.append(Outcome(i, sent - began, time.monotonic() - sent, status, not error, streaming,
                                      upstream, strategy, self.pin, error))
+
+
+async def served_model(client: httpx.AsyncClient, header: str = STRATEGY_HEADER, pin: str | None = None,
+                       attempts: int = 20) -> str:
+    """The model id the engines serve (GET /v1/models), retried while the backends come up."""
+    last = ""
+    for _ in range(attempts):
+        try:
+            response = await client.get("/v1/models", headers={header: pin} if pin else {})
+            if response.status_code == 200:
+                return str(response.json()["data"][0]["id"])
+            last = f"HTTP {response.status_code}: {response.text[:200]}"
+        except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+            last = str(exc)
+        await asyncio.sleep(0.5)
+    raise RuntimeError(f"GET {client.base_url}/v1/models never answered with a model: {last}")
 
 
 def _error_in(status: int, text: str, streaming: bool) -> str:

@@ -33,6 +33,7 @@ import yaml
 
 from kvpilot.cluster import build, pki, processes
 from kvpilot.cluster import nodes as fake_nodes
+from kvpilot.cluster import prometheus as local_prometheus
 from kvpilot.cluster.api import ApiClient
 
 STAGES_FILE = Path(__file__).with_name("kwok_stages.yaml")
@@ -42,7 +43,8 @@ SERVICE_CIDR = "10.0.0.0/24"
 POD_CIDR = "198.18.0.1/16"
 ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 # The local fleet on top (`start_fleet`): real processes behind pods, and the gateway stand-in.
-FLEET = {"kvpilot-podrunner": "kvpilot.cluster.podrunner", "kvpilot-gateway": "kvpilot.cluster.gateway"}
+FLEET = {"kvpilot-podrunner": "kvpilot.cluster.podrunner", "kvpilot-gateway": "kvpilot.cluster.gateway",
+         "prometheus": ""}
 FLEET_STOP_GRACE_S = 40.0  # the runner stops every engine (each up to 10 s, all at once)
 # Every default controller runs. kube-controller-manager 1.37 has no in-tree cloud controllers
 # left to disable, and node IPAM stays off because --allocate-node-cidrs is false.
@@ -148,27 +150,35 @@ class LocalCluster:
                    lambda: api.exists("/api/v1/namespaces/default/serviceaccounts/default"), left(),
                    log_of="kube-controller-manager")
 
-    def start_fleet(self, gateway: bool = True, pod_runner: bool = True) -> None:
+    def start_fleet(self, gateway: bool = True, pod_runner: bool = True, prometheus: bool = True,
+                    scrape_interval: str = "1s") -> None:
         """Start the pod runner (real processes behind pods of namespaces labelled
-        `local.kvpilot.io/run-pods=true`; needs root) and the gateway stand-in (nginx serving the
-        HTTPRoutes of Gateways of class `kvpilot-local`). docs/dev/local-fleet.md."""
-        wanted = {"kvpilot-podrunner": pod_runner, "kvpilot-gateway": gateway}
-        for name, module in FLEET.items():
-            if not wanted[name] or processes.is_alive(self.pids.get(name, -1), self.binaries.get(name)):
+        `local.kvpilot.io/run-pods=true`; needs root), the gateway stand-in (nginx serving the
+        HTTPRoutes of Gateways of class `kvpilot-local`) and a Prometheus scraping the running
+        pods (`prometheus_url`). docs/dev/local-fleet.md."""
+        wanted = {"kvpilot-podrunner": pod_runner, "kvpilot-gateway": gateway, "prometheus": prometheus}
+        for name, on in wanted.items():
+            if not on or processes.is_alive(self.pids.get(name, -1), self.binaries.get(name)):
                 continue
-            argv = [sys.executable, "-m", module, "--state-dir", str(self.state_dir)]
+            if name == "prometheus":
+                self.ports["prometheus"] = processes.free_ports(1)[0]
+                argv = local_prometheus.argv(self.state_dir, self.ports["prometheus"], scrape_interval)
+            else:
+                argv = [sys.executable, "-m", FLEET[name], "--state-dir", str(self.state_dir)]
             proc = processes.spawn(argv, self.log_path(name), self.die_with_parent)
-            self.pids[name], self.binaries[name] = proc.pid, sys.executable
+            self.pids[name], self.binaries[name] = proc.pid, argv[0]
             self._save()
-        for name in (n for n, on in wanted.items() if on):
+        if prometheus:
+            self._wait("prometheus", lambda: processes.http_ok(f"{self.prometheus_url}/-/ready"), 60)
+        for name in (n for n, on in wanted.items() if on and n != "prometheus"):
             time.sleep(0.5)
-            if not processes.is_alive(self.pids[name], sys.executable):
+            if not processes.is_alive(self.pids[name], sys.executable):  # died at once: bad flags, no root
                 raise RuntimeError(f"{name} exited during start-up{processes._log_tail(self.log_path(name))}")
 
     @property
-    def fleet_targets_file(self) -> Path:
-        """Prometheus file_sd targets of the running pods (written by the pod runner)."""
-        return self.state_dir / "prometheus-pods.json"
+    def prometheus_url(self) -> str:
+        """The fleet's Prometheus (after `start_fleet`)."""
+        return f"http://127.0.0.1:{self.ports['prometheus']}"
 
     def stop(self) -> None:
         """Stop every process this cluster started (by PID, reverse order) and delete the files it
@@ -176,7 +186,7 @@ class LocalCluster:
         for name in (*FLEET, *reversed(ORDER)):
             pid = self.pids.pop(name, None)
             if pid is not None:
-                grace = FLEET_STOP_GRACE_S if name in FLEET else 10.0
+                grace = FLEET_STOP_GRACE_S if name == "kvpilot-podrunner" else 10.0
                 processes.terminate(pid, self.binaries.get(name), grace_s=grace)
         from kvpilot.cluster.podrunner.runner import cleanup_leftovers
 
@@ -186,7 +196,8 @@ class LocalCluster:
             pid = int(nginx_pid.read_text().strip())
             if "nginx" in processes.cmdline(pid):
                 processes.terminate(pid)
-        for entry in ("pki", "etcd", "logs", "kube-controller-manager", "kube-scheduler", "gateway", "pods"):
+        for entry in ("pki", "etcd", "logs", "kube-controller-manager", "kube-scheduler", "gateway", "pods",
+                      "prometheus"):
             shutil.rmtree(self.state_dir / entry, ignore_errors=True)
         for entry in ("kubeconfig", "state.json", "state.json.tmp"):
             (self.state_dir / entry).unlink(missing_ok=True)

@@ -66,7 +66,7 @@ class PodRunner:
     def __init__(self, api: ApiClient, state_dir: Path, pod_cidr: str, interval_s: float = 0.5) -> None:
         self.api, self.state_dir, self.pod_cidr, self.interval_s = api, state_dir, pod_cidr, interval_s
         self.pods: dict[str, PodRun] = {}
-        self.targets_file = state_dir / "prometheus-pods.json"
+        self.targets_file = state_dir / "prometheus" / "pods.json"
         self._targets: str | None = None
         self._made_bridge = False
 
@@ -221,6 +221,7 @@ class PodRunner:
         targets = [t for uid, pod in sorted(wanted.items()) if uid in running and (t := scrape_target(pod))]
         text = json.dumps(targets, indent=1)
         if text != self._targets:
+            self.targets_file.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.targets_file.with_suffix(".tmp")
             tmp.write_text(text)
             tmp.replace(self.targets_file)
@@ -250,4 +251,4 @@ def cleanup_leftovers(state_dir: Path) -> None:
     if state.get("bridge"):
         netns.delete_bridge()
     path.unlink(missing_ok=True)
-    (state_dir / "prometheus-pods.json").unlink(missing_ok=True)
+    (state_dir / "prometheus" / "pods.json").unlink(missing_ok=True)
