@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--gateway", action=argparse.BooleanOptionalAction, default=True,
                     help="start the local gateway stand-in (nginx serving HTTPRoutes; docs/dev/local-fleet.md)")
     up.add_argument("--pod-runner", action=argparse.BooleanOptionalAction, default=True,
-                    help="run pods of namespaces labelled local.kvpilot.io/run-pods=true as real processes "
+                    help="run pods of namespaces named fleet-* as real processes "
                          "(needs root; skipped with a warning otherwise)")
     for name, text in (("down", "stop every process `up` started and delete its files"),
                        ("env", "print `export KUBECONFIG=...` for the running cluster"),
@@ -62,9 +62,13 @@ def run(args: argparse.Namespace) -> int:
                            gpu_memory_mib=args.gpu_memory_mib)
         cluster = LocalCluster(args.state_dir, nodes=args.nodes, node_spec=spec, start_timeout_s=args.timeout)
         try:
-            cluster.start()
-            _start_fleet(cluster, args.gateway, args.pod_runner)
+            cluster.start()  # stops what it started if it fails
         except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
+            print(f"kvpilot cluster up: {exc}", file=sys.stderr)
+            return 1
+        try:
+            _start_fleet(cluster, args.gateway, args.pod_runner)
+        except (RuntimeError, TimeoutError) as exc:
             cluster.stop()
             print(f"kvpilot cluster up: {exc}", file=sys.stderr)
             return 1

@@ -152,8 +152,8 @@ class LocalCluster:
 
     def start_fleet(self, gateway: bool = True, pod_runner: bool = True, prometheus: bool = True,
                     scrape_interval: str = "1s") -> None:
-        """Start the pod runner (real processes behind pods of namespaces labelled
-        `local.kvpilot.io/run-pods=true`; needs root), the gateway stand-in (nginx serving the
+        """Start the pod runner (real processes behind pods of namespaces named `fleet-*`; needs
+        root), the gateway stand-in (nginx serving the
         HTTPRoutes of Gateways of class `kvpilot-local`) and a Prometheus scraping the running
         pods (`prometheus_url`). docs/dev/local-fleet.md."""
         wanted = {"kvpilot-podrunner": pod_runner, "kvpilot-gateway": gateway, "prometheus": prometheus}

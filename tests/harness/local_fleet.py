@@ -12,6 +12,7 @@ Skipped with a message when not root (network namespaces) or nginx is missing.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -27,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvpilot.cluster.api import ApiClient, ApiError
 from kvpilot.cluster.gateway.nginx_process import nginx_missing
 from kvpilot.cluster.local import LocalCluster
-from kvpilot.cluster.podrunner import RUN_PODS_LABEL
+from kvpilot.cluster.podrunner import RUN_PODS_PREFIX
 from kvpilot.cluster.podrunner.netns import unavailable
 
 SMALL_ENGINE = ("--max-model-len", "256", "--max-num-seqs", "8", "--num-kv-blocks", "128")
@@ -50,7 +51,7 @@ def _install_from_go_cache(api: ApiClient) -> None:
     import yaml
 
     root = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True,
-                          env={"PATH": "/usr/local/go/bin:/usr/bin:/bin"}).stdout.strip()
+                          env={**os.environ, "PATH": f"{os.environ.get('PATH', '')}:/usr/local/go/bin"}).stdout.strip()
     for kind in ("gatewayclasses", "gateways", "httproutes"):
         (path,) = glob.glob(f"{root}/sigs.k8s.io/gateway-api@v1.6.3/config/crd/standard/*_{kind}.yaml")
         crd = yaml.safe_load(Path(path).read_text())
@@ -59,7 +60,7 @@ def _install_from_go_cache(api: ApiClient) -> None:
             api.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
         wait(lambda name=name: any(c["type"] == "Established" and c["status"] == "True" for c in api.request(
             "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}").get("status", {}).get(
-            "conditions", [])), f"CRD {name} established")
+            "conditions") or []), f"CRD {name} established")
 
 
 @pytest.fixture(scope="session")
@@ -69,7 +70,13 @@ def local_fleet(k8s_cluster: LocalCluster) -> Iterator[LocalCluster]:
         pytest.skip(f"local fleet unavailable: {why}")
     _install_gateway_api(k8s_cluster.api())
     k8s_cluster.start_fleet()
-    yield k8s_cluster
+    try:
+        yield k8s_cluster
+    finally:  # shown when a test failed: what the runner and the gateway did
+        for name in ("kvpilot-podrunner", "kvpilot-gateway"):
+            path = k8s_cluster.log_path(name)
+            if path.exists():
+                print(f"---- {path} (tail) ----\n" + "\n".join(path.read_text().splitlines()[-40:]))
 
 
 @pytest.fixture(scope="session")
@@ -81,9 +88,10 @@ def fleet_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def run_pods_namespace(api: ApiClient, prefix: str = "fleet") -> str:
-    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    api.request("POST", "/api/v1/namespaces", {"metadata": {"name": name, "labels": {RUN_PODS_LABEL: "true"}}})
+def run_pods_namespace(api: ApiClient) -> str:
+    """A new namespace whose pods the pod runner runs (its name starts with `fleet-`)."""
+    name = f"{RUN_PODS_PREFIX}{uuid.uuid4().hex[:6]}"
+    api.request("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
     wait(lambda: api.exists(f"/api/v1/namespaces/{name}/serviceaccounts/default"), f"serviceaccount in {name}")
     return name
 
@@ -121,7 +129,7 @@ def engine_deployment(namespace: str, service: str, track: str, model: Path, fla
                  "args": ["--model", str(model), "--host", "0.0.0.0", "--port", "8000", "--strategy-name", track,
                           *SMALL_ENGINE, *flags],
                  "ports": [{"name": "http", "containerPort": 8000}],
-                 "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}}},
+                 "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "timeoutSeconds": 5}},
                 {"name": "sidecar", "image": "kvpilot", "command": ["kvpilot", "sidecar"],
                  "args": ["--port", "9400", "--no-gpu"], "ports": [{"name": "metrics", "containerPort": 9400}]},
             ]}}},

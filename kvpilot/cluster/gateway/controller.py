@@ -40,15 +40,24 @@ class GatewayController:
         self.addresses: dict[str, str] = {}
         self.rendered: str | None = None
         self._warned: set[str] = set()
+        self._class_ready = False
 
     def ensure_class(self) -> None:
         """Create the GatewayClass `kvpilot-local` (if the Gateway API CRDs are installed) and accept it."""
-        path = f"{GW_API}/gatewayclasses/{GATEWAY_CLASS}"
-        if not self.api.exists(path):
-            self.api.request("POST", f"{GW_API}/gatewayclasses", {
-                "apiVersion": f"{GROUP}/v1", "kind": "GatewayClass", "metadata": {"name": GATEWAY_CLASS},
-                "spec": {"controllerName": self.controller,
-                         "description": "kvpilot's local gateway stand-in (nginx), see docs/dev/local-fleet.md"}})
+        if self._class_ready:
+            return
+        try:
+            if not self.api.exists(f"{GW_API}/gatewayclasses/{GATEWAY_CLASS}"):
+                self.api.request("POST", f"{GW_API}/gatewayclasses", {
+                    "apiVersion": f"{GROUP}/v1", "kind": "GatewayClass", "metadata": {"name": GATEWAY_CLASS},
+                    "spec": {"controllerName": self.controller, "description": "kvpilot local gateway (nginx)"}})
+            self._class_ready = True
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            if "class" not in self._warned:
+                self._warned.add("class")
+                log.warning("the Gateway API CRDs are not installed yet; waiting for them")
 
     def _list(self, path: str) -> list[dict[str, Any]]:
         try:

@@ -12,12 +12,26 @@ class UnsupportedContainer(ValueError):
     """A container whose command the pod runner cannot run on this machine."""
 
 
+MAX_PROBE_PERIOD_S = 2.0  # probe at least this often: the local fleet reacts in seconds, not tens
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A readiness probe (httpGet on the pod IP) with Kubernetes' thresholds."""
+
+    port: int
+    path: str
+    period_s: float = MAX_PROBE_PERIOD_S
+    timeout_s: float = 1.0
+    failure_threshold: int = 3
+
+
 @dataclass(frozen=True)
 class ContainerPlan:
     name: str
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
-    probe: tuple[int, str] | None  # readiness probe: (port, path) over HTTP on the pod IP
+    probe: Probe | None
 
 
 def _port(value: Any, container: Mapping[str, Any]) -> int:
@@ -39,9 +53,12 @@ def plan_container(container: Mapping[str, Any], python: str = sys.executable) -
             "runner starts only `kvpilot ...` commands (set `command: [kvpilot, ...]`)")
     env = tuple((e["name"], str(e.get("value", ""))) for e in container.get("env") or [] if "value" in e)
     probe = None
-    http = (container.get("readinessProbe") or {}).get("httpGet")
+    spec = container.get("readinessProbe") or {}
+    http = spec.get("httpGet")
     if http:
-        probe = (_port(http.get("port"), container), str(http.get("path", "/")))
+        probe = Probe(_port(http.get("port"), container), str(http.get("path", "/")),
+                      min(float(spec.get("periodSeconds", 10)), MAX_PROBE_PERIOD_S),
+                      float(spec.get("timeoutSeconds", 1)), int(spec.get("failureThreshold", 3)))
     return ContainerPlan(str(container["name"]), (python, "-m", "kvpilot.cli", *command[1:]), env, probe)
 
 

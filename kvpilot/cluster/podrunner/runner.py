@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,11 +20,14 @@ from typing import Any
 
 from kvpilot.cluster import processes
 from kvpilot.cluster.api import ApiClient, ApiError
-from kvpilot.cluster.podrunner import RUN_PODS_LABEL, netns
+from kvpilot.cluster.podrunner import RUN_PODS_PREFIX, netns
 from kvpilot.cluster.podrunner.containers import ContainerPlan, UnsupportedContainer, plan_pod, scrape_target
 
 log = logging.getLogger("kvpilot.podrunner")
 STOP_GRACE_S = 10.0
+# A deleted pod's processes keep serving this long before SIGTERM, like a preStop sleep: the
+# gateway drops the pod from its upstreams first, so no new request races the engine's shutdown.
+DRAIN_DELAY_S = 2.0
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
 
 
@@ -34,6 +38,9 @@ class Container:
     restarts: int = 0
     start_after: float = 0.0
     ready: bool = False
+    failures: int = 0  # consecutive failed readiness probes
+    next_probe: float = 0.0
+    probing: Future[bool] | None = None
 
 
 @dataclass
@@ -46,15 +53,17 @@ class PodRun:
     veth: str
     containers: list[Container] = field(default_factory=list)
     reported: tuple | None = None  # the readiness last written to the pod's status
+    sigterm_at: float | None = None  # set once the pod is gone: when its processes get SIGTERM
+    kill_at: float | None = None
 
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _probe(url: str) -> bool:
+def _probe(url: str, timeout_s: float) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=1) as response:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
             return 200 <= response.status < 400
     except (urllib.error.URLError, OSError):
         return False
@@ -66,6 +75,8 @@ class PodRunner:
     def __init__(self, api: ApiClient, state_dir: Path, pod_cidr: str, interval_s: float = 0.5) -> None:
         self.api, self.state_dir, self.pod_cidr, self.interval_s = api, state_dir, pod_cidr, interval_s
         self.pods: dict[str, PodRun] = {}
+        self.leaving: dict[str, PodRun] = {}  # pods gone from the API whose processes still drain
+        self.probes = ThreadPoolExecutor(max_workers=8, thread_name_prefix="probe")
         self.targets_file = state_dir / "prometheus" / "pods.json"
         self._targets: str | None = None
         self._made_bridge = False
@@ -73,8 +84,12 @@ class PodRunner:
     # ---- the loop --------------------------------------------------------------------------
     def sync_once(self) -> None:
         wanted = self._wanted_pods()
+        now = time.monotonic()
         for uid in [u for u in self.pods if u not in wanted]:
-            self._stop_pod(self.pods.pop(uid))
+            run = self.pods.pop(uid)
+            run.sigterm_at = now + DRAIN_DELAY_S
+            self.leaving[uid] = run
+        self._drain(now)
         for uid, pod in wanted.items():
             if uid not in self.pods:
                 self._start_pod(pod)
@@ -96,9 +111,25 @@ class PodRunner:
         finally:
             self.stop_all()
 
+    def _drain(self, now: float) -> None:
+        """Advance leaving pods without blocking: SIGTERM after the drain delay, SIGKILL after the
+        grace period, then the network namespace goes."""
+        for uid, run in list(self.leaving.items()):
+            assert run.sigterm_at is not None
+            if now >= run.sigterm_at and run.kill_at is None:
+                self._signal(run, signal.SIGTERM)
+                run.kill_at = now + STOP_GRACE_S
+            if run.kill_at is not None and now >= run.kill_at:
+                self._signal(run, signal.SIGKILL)
+            if run.kill_at is not None and all(c.proc is None or c.proc.poll() is not None for c in run.containers):
+                netns.delete(run.netns, run.veth)
+                del self.leaving[uid]
+                log.info("pod %s/%s stopped, netns %s removed", run.namespace, run.name, run.netns)
+
     def stop_all(self) -> None:
-        runs = list(self.pods.values())
+        runs = [*self.pods.values(), *self.leaving.values()]
         self.pods.clear()
+        self.leaving.clear()
         for run in runs:
             self._signal(run, signal.SIGTERM)
         for run in runs:
@@ -110,11 +141,10 @@ class PodRunner:
 
     # ---- pods ------------------------------------------------------------------------------
     def _wanted_pods(self) -> dict[str, dict[str, Any]]:
-        namespaces = self.api.request("GET", f"/api/v1/namespaces?labelSelector={RUN_PODS_LABEL}%3Dtrue")
         out = {}
-        for ns in namespaces.get("items", []):
+        for ns in self.api.request("GET", "/api/v1/namespaces").get("items", []):
             name = ns["metadata"]["name"]
-            if ns["metadata"].get("deletionTimestamp"):
+            if not name.startswith(RUN_PODS_PREFIX) or ns["metadata"].get("deletionTimestamp"):
                 continue
             for pod in self.api.request("GET", f"/api/v1/namespaces/{name}/pods").get("items", []):
                 status = pod.get("status") or {}
@@ -134,8 +164,10 @@ class PodRunner:
             self.pods[run.uid] = run
             self._report(run, False, "UnsupportedContainer", str(exc))
             return
-        for other in [o for o in self.pods.values() if o.ip == run.ip]:  # KWOK may reuse a freed IP at once
-            self._stop_pod(self.pods.pop(other.uid))
+        for other in [o for o in [*self.pods.values(), *self.leaving.values()] if o.ip == run.ip]:
+            self.pods.pop(other.uid, None)  # KWOK may hand a freed IP to a new pod at once
+            self.leaving.pop(other.uid, None)
+            self._stop_pod(other)
         netns.create(run.netns, run.veth, run.ip, self.pod_cidr)
         run.containers = [Container(p) for p in plans]
         self.pods[run.uid] = run
@@ -161,18 +193,36 @@ class PodRunner:
             if c.proc is not None and c.proc.poll() is not None:
                 log.warning("pod %s/%s container %s exited with %s", run.namespace, run.name, c.plan.name,
                             c.proc.returncode)
-                c.proc, c.ready = None, False
+                c.proc, c.ready, c.failures = None, False, 0
                 c.restarts += 1
                 c.start_after = now + RESTART_BACKOFF_S[min(c.restarts - 1, len(RESTART_BACKOFF_S) - 1)]
             if c.proc is None and now >= c.start_after:
                 self._spawn(run, c)
             if c.proc is not None:
-                c.ready = c.plan.probe is None or _probe(f"http://{run.ip}:{c.plan.probe[0]}{c.plan.probe[1]}")
+                self._readiness(run, c, now)
         if run.containers:
             ready = all(c.ready for c in run.containers)
             waiting = [c.plan.name for c in run.containers if not c.ready]
             self._report(run, ready, "ContainersNotReady" if waiting else "", f"containers not ready: {waiting}"
                          if waiting else "")
+
+    def _readiness(self, run: PodRun, c: Container, now: float) -> None:
+        """Probes run in threads; like the kubelet, one success makes a container ready and
+        `failureThreshold` consecutive failures make it unready."""
+        probe = c.plan.probe
+        if probe is None:
+            c.ready = True
+            return
+        if c.probing is not None and c.probing.done():
+            if c.probing.result():
+                c.ready, c.failures = True, 0
+            else:
+                c.failures += 1
+                c.ready = c.ready and c.failures < probe.failure_threshold
+            c.probing = None
+        if c.probing is None and now >= c.next_probe:
+            c.next_probe = now + probe.period_s
+            c.probing = self.probes.submit(_probe, f"http://{run.ip}:{probe.port}{probe.path}", probe.timeout_s)
 
     def _report(self, run: PodRun, ready: bool, reason: str, message: str) -> None:
         state = (ready, reason, tuple((c.plan.name, c.ready, c.restarts) for c in run.containers))
@@ -231,7 +281,7 @@ class PodRunner:
         state = {"bridge": self._made_bridge, "pods": {
             uid: {"namespace": r.namespace, "name": r.name, "netns": r.netns, "veth": r.veth,
                   "pids": [c.proc.pid for c in r.containers if c.proc is not None]}
-            for uid, r in self.pods.items()}}
+            for uid, r in {**self.pods, **self.leaving}.items()}}
         tmp = self.state_dir / "podrunner.json.tmp"
         tmp.write_text(json.dumps(state, indent=1))
         tmp.replace(self.state_dir / "podrunner.json")
