@@ -131,7 +131,10 @@ def engine_deployment(namespace: str, service: str, track: str, model: Path, fla
                  "ports": [{"name": "http", "containerPort": 8000}],
                  "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "timeoutSeconds": 5}},
                 {"name": "sidecar", "image": "kvpilot", "command": ["kvpilot", "sidecar"],
-                 "args": ["--port", "9400", "--no-gpu"], "ports": [{"name": "metrics", "containerPort": 9400}]},
+                 "args": ["--host", "$(POD_IP)", "--port", "9400", "--no-gpu"],
+                 "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                 "ports": [{"name": "metrics", "containerPort": 9400}],
+                 "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "timeoutSeconds": 5}},
             ]}}},
     }
 

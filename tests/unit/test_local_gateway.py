@@ -134,3 +134,23 @@ def test_nginx_accepts_the_rendered_configuration(tmp_path: Path) -> None:
     result = subprocess.run(["/usr/sbin/nginx", "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr + text
+
+
+def test_pod_runner_plans_kvpilot_containers_like_the_kubelet() -> None:
+    from kvpilot.cluster.podrunner.containers import UnsupportedContainer, plan_pod
+
+    pod = {"metadata": {"name": "p", "namespace": "fleet-a"}, "status": {"podIP": "198.18.0.7"},
+           "spec": {"containers": [
+               {"name": "sidecar", "command": ["kvpilot", "sidecar"], "args": ["--host", "$(POD_IP)", "--x", "$$(KEEP)"],
+                "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                        {"name": "URL", "value": "http://$(POD_IP):1"}],
+                "ports": [{"name": "metrics", "containerPort": 9400}],
+                "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 10,
+                                   "timeoutSeconds": 5}}]}}
+    (plan,) = plan_pod(pod, python="py")
+    assert plan.argv == ("py", "-m", "kvpilot.cli", "sidecar", "--host", "198.18.0.7", "--x", "$(KEEP)")
+    assert dict(plan.env) == {"POD_IP": "198.18.0.7", "URL": "http://198.18.0.7:1"}
+    assert plan.probe is not None and (plan.probe.port, plan.probe.period_s, plan.probe.timeout_s) == (9400, 2.0, 5)
+    pod["spec"]["containers"][0]["command"] = ["python", "serve.py"]
+    with pytest.raises(UnsupportedContainer, match="only `kvpilot ...` commands"):
+        plan_pod(pod)
