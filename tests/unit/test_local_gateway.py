@@ -152,5 +152,5 @@ def test_pod_runner_plans_kvpilot_containers_like_the_kubelet() -> None:
     assert dict(plan.env) == {"POD_IP": "198.18.0.7", "URL": "http://198.18.0.7:1"}
     assert plan.probe is not None and (plan.probe.port, plan.probe.period_s, plan.probe.timeout_s) == (9400, 2.0, 5)
     pod["spec"]["containers"][0]["command"] = ["python", "serve.py"]
-    with pytest.raises(UnsupportedContainer, match="only `kvpilot ...` commands"):
+    with pytest.raises(UnsupportedContainer, match="starts only `kvpilot"):
         plan_pod(pod)
