@@ -17,6 +17,7 @@ from kvpilot.engine.step_hooks import StepHooks
 from kvpilot.engine.strategies.kv_quant.pools import apply_kv_stats, build_block_manager
 from kvpilot.engine.tokenizer import Tokenizer
 from kvpilot.engine.worker.model_runner import ModelRunner
+from kvpilot.engine.worker.sampler import TopLogprobs
 from kvpilot.engine.worker.scoring import score_paged, scores_through_cache
 
 
@@ -36,6 +37,8 @@ class RequestOutput:
     num_prompt_tokens: int
     num_cached_tokens: int
     text: str = ""
+    # with SamplingParams.logprobs: per new token, (log p, [(id, log p) of the most likely])
+    logprobs: list[tuple[float, TopLogprobs]] | None = None
 
 
 class LLMEngine:
@@ -133,7 +136,8 @@ class LLMEngine:
         self.scheduler.postprocess(scheduled, sampled)
         now = time.monotonic()
         stats = self.stats_state
-        for item, token in zip(scheduled.scheduled, sampled, strict=True):
+        step_logprobs = self.runner.last_logprobs
+        for index, (item, token) in enumerate(zip(scheduled.scheduled, sampled, strict=True)):
             if token is None:
                 continue
             seq = item.seq
@@ -144,7 +148,10 @@ class LLMEngine:
                 finished = seq.is_finished
             if finished:
                 stats.on_finish(seq, now)
-            outputs.append(self._output(seq, [token], finished))
+            output = self._output(seq, [token], finished)
+            if index in step_logprobs:
+                output.logprobs = [step_logprobs[index]]
+            outputs.append(output)
             if finished:
                 self._forget(seq)
         self.checks.after_step(scheduled)
@@ -185,6 +192,13 @@ class LLMEngine:
     # -- scoring and stats ---------------------------------------------------------------
     def score(self, prompt_token_ids: list[int], continuation_token_ids: list[int]) -> list[float]:
         """log p of each continuation token given the prompt and the continuation before it."""
+        return self.score_tokens(prompt_token_ids, continuation_token_ids)[0]
+
+    def score_tokens(
+        self, prompt_token_ids: list[int], continuation_token_ids: list[int], top: int = 0
+    ) -> tuple[list[float], list[TopLogprobs]]:
+        """score(), plus each position's `top` most likely tokens (id, log p): the path of /v1/score,
+        of echo=true's prompt log-probabilities and of lm-eval's loglikelihood requests."""
         if not prompt_token_ids or not continuation_token_ids:
             raise ValueError("score needs at least one prompt token and one continuation token")
         total = len(prompt_token_ids) + len(continuation_token_ids)
@@ -196,9 +210,9 @@ class LLMEngine:
         if self.scores_through_cache:  # score what serving computes: 8-bit K/V, the evicted view, a state
             chunk = None if self.evictor is not None else self.config.max_num_batched_tokens
             return score_paged(
-                self.runner, self.block_manager, self.evictor, prompt_token_ids, continuation_token_ids, chunk
+                self.runner, self.block_manager, self.evictor, prompt_token_ids, continuation_token_ids, chunk, top
             )
-        return self.runner.score(prompt_token_ids, continuation_token_ids)
+        return self.runner.score_tokens(prompt_token_ids, continuation_token_ids, top)
 
     def reset_stats(self) -> None:
         """Start the feed's counters again (new instance_id), e.g. after a warm-up that is not traffic."""

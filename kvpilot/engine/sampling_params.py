@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+MAX_LOGPROBS = 20  # most likely alternatives returned per token
+
 
 @dataclass
 class SamplingParams:
@@ -17,6 +19,8 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; k >= 0: each sampled token's log p and the k most likely
+
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -45,6 +49,11 @@ class SamplingParams:
         _check(
             all(isinstance(s, str) and s for s in self.stop),
             f"stop must be non-empty strings, got {self.stop!r}",
+        )
+
+        _check(
+            self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
+            f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}",
         )
 
     @property

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -14,13 +15,16 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.server.admission import Admission
 from kvpilot.engine.server.api_error import error_body
+from kvpilot.engine.server.engine_loop import EngineLoop
 from kvpilot.engine.server.errors import STRATEGY_HEADER, APIError, error_response
 from kvpilot.engine.server.formats import DONE_EVENT, CompletionFormat, sse
-from kvpilot.engine.server.generation import EngineFailure, Generation
+from kvpilot.engine.server.generation import EngineFailure, Generation, TextDelta
 from kvpilot.engine.server.idempotency import IDEMPOTENCY_HEADER, IdempotencyStore, body_fingerprint
+from kvpilot.engine.server.logprobs import TokenLogprobs, chat_logprobs, completion_logprobs, prompt_logprobs
 from kvpilot.engine.server.prompts import (
     chat_prompt_ids,
     completion_prompt_ids,
+    echoed_texts,
     reject_unsupported,
     sampling_params,
 )
@@ -60,7 +64,7 @@ async def serve_completion(
     # the admission limit too; every way out before the result log exists gives it back.
     admission.acquire()
     try:
-        prompt_ids, params = await _prepare(runtime, admission, req, chat)
+        prompts, params, generate = await _prepare(runtime, admission, req, chat)
         # Again after the await, and with no await from here to remember(): one generation per key.
         existing = runtime.idempotency.lookup(key, fingerprint) if key is not None else None
         if existing is None:
@@ -88,11 +92,17 @@ async def serve_completion(
     result.on_end(lambda _: admission.release())
     runtime.track(result)
     stop = req.stop_list()
+    echo = isinstance(req, CompletionRequest) and req.echo
+    texts = echoed_texts(tokenizer, req, prompts) if echo else None
 
     async def produce(out: ResultLog) -> None:
-        gen = Generation(engine_loop, fmt.response_id, prompt_ids, params, tokenizer, stop)
+        gens = [
+            Generation(engine_loop, fmt.response_id + (f"-{i}" if i else ""), ids, params, tokenizer, stop)
+            for i, ids in enumerate(prompts)
+        ]
         try:
-            await _run(gen, fmt, out, req.stream)
+            echoes = await _echoes(engine_loop, prompts, params, texts)
+            await _run(gens, fmt, out, req.stream, echoes, tokenizer, generate)
         except EngineFailure as exc:
             runtime.record_rejection("internal_error")
             runtime.record_failure("engine_error")
@@ -109,7 +119,8 @@ async def serve_completion(
             )
             raise APIError(500, message, code="internal_error") from exc
         finally:
-            gen.abort()
+            for gen in gens:
+                gen.abort()
 
     result.run(produce)
     if key is not None:
@@ -124,48 +135,132 @@ async def _join(request: Request, runtime: ServerRuntime, key: str, existing: Re
 
 async def _prepare(
     runtime: ServerRuntime, admission: Admission, req: ChatCompletionRequest | CompletionRequest, chat: bool
-) -> tuple[list[int], SamplingParams]:
-    """Prompt token ids (tokenised on the CPU pool) and the sampling parameters, or a 4xx."""
+) -> tuple[list[list[int]], SamplingParams, bool]:
+    """Each prompt's token ids (tokenised on the CPU pool), the sampling parameters and whether to
+    generate at all (max_tokens 0 with echo: no), or a 4xx."""
     tokenizer = runtime.tokenizer
     try:
         if isinstance(req, ChatCompletionRequest):
-            prompt_ids = await runtime.run_cpu(chat_prompt_ids, tokenizer, req)
+            prompts = [await runtime.run_cpu(chat_prompt_ids, tokenizer, req)]
         else:
             vocab_size = getattr(tokenizer, "vocab_size", None)
-            prompt_ids = await runtime.run_cpu(completion_prompt_ids, tokenizer, req, vocab_size)
+            prompts = await runtime.run_cpu(completion_prompt_ids, tokenizer, req, vocab_size)
     except APIError as exc:
         if exc.status < 500:
             runtime.record_rejection("invalid")
         raise
     default = None if chat else runtime.settings.default_completion_max_tokens
-    max_tokens = admission.max_tokens_for(len(prompt_ids), req.requested_max_tokens(), default)
-    return prompt_ids, sampling_params(req, max_tokens)
+    requested = req.requested_max_tokens()
+    longest = max(len(p) for p in prompts)
+    if requested == 0:  # echo-only scoring (checked by reject_unsupported): the prompt must fit
+        admission.max_tokens_for(longest, None, 1)
+        return prompts, sampling_params(req, 1), False
+    max_tokens = admission.max_tokens_for(longest, requested, default)
+    return prompts, sampling_params(req, max_tokens), True
 
 
-async def _run(gen: Generation, fmt: CompletionFormat, out: ResultLog, stream: bool) -> None:
-    await gen.start()
+async def _echoes(
+    engine_loop: EngineLoop, prompts: list[list[int]], params: SamplingParams, texts: list[str] | None
+) -> list[tuple[str, TokenLogprobs | None]] | None:
+    """echo=true: each prompt's text, and with logprobs its tokens' log p through engine.score_tokens
+    (the /v1/score path; the first token has none)."""
+    if texts is None:
+        return None
+    out: list[tuple[str, TokenLogprobs | None]] = []
+    for ids, text in zip(prompts, texts, strict=True):
+        if params.logprobs is None:
+            out.append((text, None))
+            continue
+        scored = None
+        if len(ids) > 1:
+            future = engine_loop.call(
+                lambda engine, ids=ids, top=params.logprobs: engine.score_tokens(ids[:1], ids[1:], top), heavy=True
+            )
+            scored = await asyncio.wrap_future(future)
+        out.append((text, prompt_logprobs(ids, scored)))
+    return out
+
+
+async def _run(
+    gens: list[Generation],
+    fmt: CompletionFormat,
+    out: ResultLog,
+    stream: bool,
+    echoes: list[tuple[str, TokenLogprobs | None]] | None,
+    tokenizer: Any,
+    generate: bool,
+) -> None:
+    """Run every prompt's generation at once; answer with one choice per prompt, in prompt order."""
+    if generate:
+        for gen in gens:
+            await gen.start()
     out.mark_started()
     if stream and (first := fmt.first_chunk()) is not None:
         out.append(first)
-    pieces: list[str] = []
-    finish_reason: str | None = None
-    completion_tokens = 0
-    async for delta in gen.deltas():
-        completion_tokens = delta.completion_tokens
-        finish_reason = delta.finish_reason or finish_reason
-        if stream:
-            if delta.text or delta.finish_reason:
-                out.append(fmt.chunk(delta.text, delta.finish_reason))
-        else:
-            pieces.append(delta.text)
-    usage = Usage.of(gen.num_prompt_tokens, completion_tokens, gen.num_cached_tokens)
+    results = await asyncio.gather(
+        *(_choice(i, gen, fmt, out, stream, echoes[i] if echoes else None, tokenizer, generate)
+          for i, gen in enumerate(gens))
+    )  # fmt: skip
+    completion = sum(r[3] for r in results)
+    usage = Usage.of(sum(g.num_prompt_tokens for g in gens), completion, sum(g.num_cached_tokens for g in gens))
     if stream:
         if fmt.include_usage:
             out.append(fmt.usage_chunk(usage))
         out.append(DONE_EVENT)
     else:
-        out.append(fmt.whole("".join(pieces), finish_reason, usage))
+        out.append(fmt.whole([r[:3] for r in results], usage))
     out.finish()
+
+
+async def _choice(
+    index: int,
+    gen: Generation,
+    fmt: CompletionFormat,
+    out: ResultLog,
+    stream: bool,
+    echo: tuple[str, TokenLogprobs | None] | None,
+    tokenizer: Any,
+    generate: bool,
+) -> tuple[str, str | None, Any, int]:
+    """One choice: (text, finish reason, logprobs body, completion tokens); streamed as it comes."""
+    wants = gen.wants_logprobs
+    pieces: list[str] = []
+    logprobs = TokenLogprobs()
+    if echo is not None:
+        pieces.append(echo[0])
+        if echo[1] is not None:
+            logprobs.extend(echo[1])
+        if stream:
+            body = completion_logprobs(tokenizer, echo[1]) if echo[1] is not None else None
+            out.append(fmt.chunk(echo[0], None if generate else "length", index, body))
+    finish_reason: str | None = None if generate else "length"
+    completion_tokens = 0
+    offset = len(echo[0]) if echo is not None else 0
+    async for delta in gen.deltas() if generate else _nothing():
+        completion_tokens = delta.completion_tokens
+        finish_reason = delta.finish_reason or finish_reason
+        if delta.logprobs is not None:
+            logprobs.extend(delta.logprobs)
+        if stream:
+            body = None
+            if wants and delta.logprobs is not None:
+                body = _body(fmt.chat, tokenizer, delta.logprobs, offset)
+            offset += len(delta.text)
+            if delta.text or delta.finish_reason or body is not None:
+                out.append(fmt.chunk(delta.text, delta.finish_reason, index, body))
+        else:
+            pieces.append(delta.text)
+    body = _body(fmt.chat, tokenizer, logprobs, 0) if wants and not stream else None
+    return "".join(pieces), finish_reason, body, completion_tokens
+
+
+def _body(chat: bool, tokenizer: Any, logprobs: TokenLogprobs, offset: int) -> Any:
+    return chat_logprobs(tokenizer, logprobs) if chat else completion_logprobs(tokenizer, logprobs, offset)
+
+
+async def _nothing() -> AsyncIterator[TextDelta]:
+    return
+    yield
 
 
 async def respond(request: Request, runtime: ServerRuntime, result: ResultLog, stream: bool) -> Response:

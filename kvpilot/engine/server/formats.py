@@ -44,12 +44,19 @@ class CompletionFormat:
             "system_fingerprint": self.fingerprint,
         }
 
-    def whole(self, text: str, finish_reason: str | None, usage: Usage) -> dict[str, Any]:
+    def whole(self, choices: list[tuple[str, str | None, Any]], usage: Usage) -> dict[str, Any]:
+        """choices: (text, finish reason, logprobs body or None) in index order."""
         if self.chat:
-            choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=finish_reason)
-            return ChatCompletion(choices=[choice], usage=usage, **self._common()).model_dump()
-        choice_t = CompletionChoice(text=text, finish_reason=finish_reason)
-        return Completion(choices=[choice_t], usage=usage, **self._common()).model_dump()
+            chat = [
+                ChatChoice(index=i, message=AssistantMessage(content=text), finish_reason=reason, logprobs=lp)
+                for i, (text, reason, lp) in enumerate(choices)
+            ]
+            return ChatCompletion(choices=chat, usage=usage, **self._common()).model_dump()
+        texts = [
+            CompletionChoice(index=i, text=text, finish_reason=reason, logprobs=lp)
+            for i, (text, reason, lp) in enumerate(choices)
+        ]
+        return Completion(choices=texts, usage=usage, **self._common()).model_dump()
 
     def first_chunk(self) -> str | None:
         if not self.chat:
@@ -57,13 +64,13 @@ class CompletionFormat:
         choice = ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))
         return self._chunk_event(ChatCompletionChunk(choices=[choice], **self._common()).model_dump())
 
-    def chunk(self, text: str, finish_reason: str | None) -> str:
+    def chunk(self, text: str, finish_reason: str | None, index: int = 0, logprobs: Any = None) -> str:
         if self.chat:
             delta = ChatDelta(content=text) if text else ChatDelta()
-            choice = ChatChunkChoice(delta=delta, finish_reason=finish_reason)
+            choice = ChatChunkChoice(index=index, delta=delta, finish_reason=finish_reason, logprobs=logprobs)
             body = ChatCompletionChunk(choices=[choice], **self._common()).model_dump()
         else:
-            choice_t = CompletionChoice(text=text, finish_reason=finish_reason)
+            choice_t = CompletionChoice(index=index, text=text, finish_reason=finish_reason, logprobs=logprobs)
             body = Completion(choices=[choice_t], **self._common()).model_dump()
         return self._chunk_event(body)
 

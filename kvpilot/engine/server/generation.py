@@ -11,6 +11,7 @@ from typing import Any
 
 from kvpilot.engine.server.detokenizer import Decoder, IncrementalText
 from kvpilot.engine.server.engine_loop import EngineLoop
+from kvpilot.engine.server.logprobs import TokenLogprobs
 
 log = logging.getLogger("kvpilot.server")
 
@@ -30,6 +31,7 @@ class TextDelta:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    logprobs: TokenLogprobs | None = None  # the tokens since the last delta, when logprobs were asked
 
 
 _FAILED = object()
@@ -62,6 +64,8 @@ class Generation:
         self.finished = False
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_cached_tokens = 0
+        self._logprobs: TokenLogprobs | None = None
+        self.wants_logprobs = getattr(params, "logprobs", None) is not None
 
     # ---- RequestSink (engine thread) ----
     def accepted(self) -> None:
@@ -112,6 +116,11 @@ class Generation:
     def _consume(self, output: Any) -> TextDelta | None:
         self.num_prompt_tokens = output.num_prompt_tokens or self.num_prompt_tokens
         self.num_cached_tokens = output.num_cached_tokens or 0
+        if output.logprobs:
+            pending = self._logprobs if self._logprobs is not None else TokenLogprobs()
+            for token, (lp, top) in zip(output.new_token_ids, output.logprobs, strict=True):
+                pending.add(token, lp, top)
+            self._logprobs = pending
         text = self._text.add(list(output.new_token_ids))
         finish_reason = output.finish_reason if output.finished else None
         if self._text.stopped and not output.finished:
@@ -125,10 +134,12 @@ class Generation:
                 finish_reason = "stop"
         if not text and finish_reason is None:
             return None
+        logprobs, self._logprobs = self._logprobs, None
         return TextDelta(
             text=text,
             finish_reason=finish_reason,
             prompt_tokens=self.num_prompt_tokens,
             completion_tokens=len(self._text.token_ids),
             cached_tokens=self.num_cached_tokens,
+            logprobs=logprobs,
         )

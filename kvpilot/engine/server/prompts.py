@@ -22,10 +22,8 @@ def reject_unsupported(req: SamplingFields) -> None:
     if isinstance(req, ChatCompletionRequest):
         _reject_chat_only(req)
     if isinstance(req, CompletionRequest):
-        if req.logprobs is not None:
-            _unsupported("logprobs", "logprobs are not supported by /v1/completions; use POST /v1/score")
-        if req.echo:
-            _unsupported("echo", "echo=true is not supported; the prompt is not returned")
+        if req.max_tokens == 0 and not req.echo:
+            _unsupported("max_tokens", "max_tokens=0 is only allowed with echo=true (score the prompt); send >= 1")
         if req.suffix:
             _unsupported("suffix", "suffix (insertion) is not supported")
         if req.best_of not in (None, 1):
@@ -33,8 +31,8 @@ def reject_unsupported(req: SamplingFields) -> None:
 
 
 def _reject_chat_only(req: ChatCompletionRequest) -> None:
-    if req.logprobs or req.top_logprobs:
-        _unsupported("logprobs", "logprobs are not supported by /v1/chat/completions; use POST /v1/score")
+    if req.top_logprobs and not req.logprobs:
+        _unsupported("top_logprobs", "top_logprobs needs logprobs=true")
     for name in ("tools", "tool_choice", "functions", "function_call"):
         if getattr(req, name) is not None:
             _unsupported(
@@ -63,30 +61,57 @@ def chat_prompt_ids(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
     return list(tokenizer.encode(text))
 
 
-def completion_prompt_ids(tokenizer: Any, req: CompletionRequest, vocab_size: int | None) -> list[int]:
+MAX_PROMPTS_PER_REQUEST = 256  # each is its own sequence; a bigger batch belongs in several requests
+
+
+def prompt_list(req: CompletionRequest) -> list[str | list[int]]:
+    """The request's prompts: a string, a token list, or a list of either."""
     prompt = req.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise APIError(
-                400,
-                f"prompt holds {len(prompt)} prompts; this server takes one prompt per request "
-                "(a string or a list of token ids)",
-                param="prompt",
-                code="unsupported_parameter",
-            )
-        prompt = prompt[0]
+        return list(prompt)  # type: ignore[arg-type]
+    return [prompt]  # type: ignore[list-item]
+
+
+def completion_prompt_ids(tokenizer: Any, req: CompletionRequest, vocab_size: int | None) -> list[list[int]]:
+    """Token ids of each prompt, in order (each becomes its own sequence and choice)."""
+    prompts = prompt_list(req)
+    if len(prompts) > MAX_PROMPTS_PER_REQUEST:
+        raise APIError(
+            400,
+            f"prompt holds {len(prompts)} prompts; at most {MAX_PROMPTS_PER_REQUEST} per request: split the batch",
+            param="prompt",
+        )
+    return [_prompt_ids(tokenizer, p, vocab_size, f"prompt.{i}" if len(prompts) > 1 else "prompt")
+            for i, p in enumerate(prompts)]  # fmt: skip
+
+
+def echoed_texts(tokenizer: Any, req: CompletionRequest, prompts: list[list[int]]) -> list[str]:
+    """echo=true: a text prompt comes back as sent, a token prompt as its decoded text."""
+    return [p if isinstance(p, str) else tokenizer.decode(ids) for p, ids in zip(prompt_list(req), prompts, strict=True)]
+
+
+def _prompt_ids(tokenizer: Any, prompt: str | list[int], vocab_size: int | None, param: str) -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
-            raise APIError(400, "prompt is empty: send at least one character or token", param="prompt")
+            raise APIError(400, f"{param} is empty: send at least one character or token", param=param)
         return list(tokenizer.encode(prompt))
     ids = [int(t) for t in prompt]
     if vocab_size is not None and ids and max(ids) >= vocab_size:
         raise APIError(
             400,
-            f"prompt token id {max(ids)} is out of range: this model's vocabulary has ids 0..{vocab_size - 1}",
-            param="prompt",
+            f"{param} token id {max(ids)} is out of range: this model's vocabulary has ids 0..{vocab_size - 1}",
+            param=param,
         )
     return ids
+
+
+def requested_logprobs(req: SamplingFields) -> int | None:
+    """Alternatives per token the response lists (None: no logprobs at all)."""
+    if isinstance(req, ChatCompletionRequest):
+        return (req.top_logprobs or 0) if req.logprobs else None
+    if isinstance(req, CompletionRequest):
+        return req.logprobs
+    return None
 
 
 def sampling_params(req: SamplingFields, max_tokens: int) -> SamplingParams:
@@ -100,6 +125,7 @@ def sampling_params(req: SamplingFields, max_tokens: int) -> SamplingParams:
             max_tokens=max_tokens,
             stop=req.stop_list(),
             ignore_eos=req.ignore_eos,
+            logprobs=requested_logprobs(req),
         )
     except ValueError as exc:
         raise APIError(400, str(exc), code="invalid_value") from exc

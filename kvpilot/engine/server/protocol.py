@@ -8,7 +8,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 # Sampling ranges accepted by the API. The engine's own SamplingParams checks its invariants too.
 MAX_TEMPERATURE = 2.0
-MAX_STOP_SEQUENCES = 4
 SEED_LIMIT = 2**63
 
 
@@ -41,8 +40,8 @@ class ChatMessage(_Body):
 
 
 StopField = Annotated[
-    str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_SEQUENCES)] | None,
-    Field(description=f"Up to {MAX_STOP_SEQUENCES} sequences where generation stops (not returned)."),
+    str | list[Annotated[str, Field(min_length=1)]] | None,
+    Field(description="Sequences where generation stops (not returned); any number (the body limit bounds them)."),
 ]
 
 
@@ -103,9 +102,12 @@ PromptField = (
 
 
 class CompletionRequest(SamplingFields):
-    prompt: PromptField = Field(description="A string or a list of token ids (one prompt per request).")
-    echo: bool = False
-    logprobs: int | None = Field(default=None, ge=0, le=5)
+    prompt: PromptField = Field(
+        description="A string, a list of token ids, or a list of either (one choice per prompt, in order)."
+    )
+    max_tokens: int | None = Field(default=None, ge=0, description="Tokens to generate at most; 0 only with echo.")
+    echo: bool = Field(default=False, description="Return the prompt before the completion (with its logprobs).")
+    logprobs: int | None = Field(default=None, ge=0, le=20, description="Log p of each token and this many alternatives.")
     suffix: str | None = None
     best_of: int | None = Field(default=None, ge=1, le=128)
 

@@ -27,7 +27,7 @@ from kvpilot.engine.worker.memory import (
     pick_dtype,
     torch_memory,
 )
-from kvpilot.engine.worker.sampler import sample
+from kvpilot.engine.worker.sampler import TopLogprobs, sample, token_logprobs
 from kvpilot.engine.worker.state_cache import build_linear_state
 
 
@@ -63,6 +63,7 @@ class ModelRunner:
         self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.generators: dict[str, torch.Generator] = {}
         self.last_sample_rows: list[tuple[int, int]] = []
+        self.last_logprobs: dict[int, tuple[float, TopLogprobs]] = {}  # scheduled index -> (log p, top)
         self.block_rows = BlockTableRows(rows=config.max_num_seqs)  # host mirror of the block tables
         self.stager = InputStager(self.device)  # the step's inputs to the device, one copy per dtype
         self._sample_index: torch.Tensor | None = None
@@ -135,12 +136,14 @@ class ModelRunner:
         finally:
             reset_context()
         sampled: list[int | None] = [None] * len(out.scheduled)
+        self.last_logprobs = {}
         if sample_rows:
             last = hidden if self._sample_index is None else hidden[self._sample_index]
             logits = self.model.compute_logits(last).float()
             seqs = [out.scheduled[i].seq for i, _ in sample_rows]
-            tokens = self._sample(logits, seqs).tolist()
-            for (i, _), token in zip(sample_rows, tokens, strict=True):
+            picked = self._sample(logits, seqs)
+            self.last_logprobs = self._logprobs(logits, picked, seqs, sample_rows)
+            for (i, _), token in zip(sample_rows, picked.tolist(), strict=True):
                 sampled[i] = int(token)
         self._track_activation(input_ids.numel(), len(sample_rows))
         return sampled
@@ -222,6 +225,22 @@ class ModelRunner:
             ctx.decode_context_lens, ctx.decode_block_tables = meta
         return ctx, ids, pos, sample_rows
 
+    @staticmethod
+    def _logprobs(
+        logits: torch.Tensor, picked: torch.Tensor, seqs: list[Sequence], sample_rows: list[tuple[int, int]]
+    ) -> dict[int, tuple[float, TopLogprobs]]:
+        """Scheduled index -> (log p of the sampled token, top alternatives) for requests that asked."""
+        wanted = [k for k, s in enumerate(seqs) if s.params.logprobs is not None]
+        if not wanted:
+            return {}
+        top = max(seqs[k].params.logprobs or 0 for k in wanted)
+        rows = torch.tensor(wanted, device=logits.device)
+        chosen, tops = token_logprobs(logits[rows], picked[rows], top)
+        return {
+            sample_rows[k][0]: (lp, alts[: seqs[k].params.logprobs or 0])
+            for k, lp, alts in zip(wanted, chosen, tops, strict=True)
+        }
+
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         params = [s.params for s in seqs]
         if all(p.greedy for p in params):
@@ -267,18 +286,23 @@ class ModelRunner:
         self.activation_peak_bytes = max(self.activation_peak_bytes, peak)
 
     # -- scoring -------------------------------------------------------------------------
-    @torch.inference_mode()
     def score(self, prompt_token_ids: list[int], continuation_token_ids: list[int]) -> list[float]:
         """log p(continuation[i] | prompt + continuation[:i]) for each continuation token."""
+        return self.score_tokens(prompt_token_ids, continuation_token_ids)[0]
+
+    @torch.inference_mode()
+    def score_tokens(
+        self, prompt_token_ids: list[int], continuation_token_ids: list[int], top: int = 0
+    ) -> tuple[list[float], list[TopLogprobs]]:
+        """score(), densely (no cache), plus each position's `top` most likely tokens."""
         tokens = list(prompt_token_ids) + list(continuation_token_ids)
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
         with dense_context():
             hidden = self.model(ids, torch.arange(len(tokens), device=self.device))
         start = len(prompt_token_ids) - 1
         logits = self.model.compute_logits(hidden[start : len(tokens) - 1]).float()
-        logprobs = torch.log_softmax(logits, dim=-1)
         target = torch.tensor(continuation_token_ids, dtype=torch.long, device=self.device)
-        return logprobs.gather(-1, target[:, None])[:, 0].tolist()
+        return token_logprobs(logits, target, top)
 
     def memory_stats(self) -> dict[str, int]:
         return torch_memory(self.device)

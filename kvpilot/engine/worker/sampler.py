@@ -1,4 +1,4 @@
-"""On-device sampling: greedy, temperature, top-k, top-p, and per-request seeds."""
+"""On-device sampling: greedy, temperature, top-k, top-p, per-request seeds; token log-probabilities."""
 
 from __future__ import annotations
 
@@ -62,3 +62,17 @@ def filter_top_k_top_p(
     drop[:, 0] = False
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+
+
+TopLogprobs = list[tuple[int, float]]  # (token id, log p), most likely first
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> tuple[list[float], list[TopLogprobs]]:
+    """log p of tokens[i] under row i of logits [B, V] (the model's own distribution, before
+    temperature or filters, as OpenAI and vLLM report it), and each row's `top` most likely tokens."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logprobs.gather(-1, tokens.to(torch.long)[:, None])[:, 0].tolist()
+    if top <= 0:
+        return chosen, [[] for _ in chosen]
+    values, ids = logprobs.topk(min(top, logprobs.shape[-1]), dim=-1)
+    return chosen, [list(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), values.tolist(), strict=True)]

@@ -18,6 +18,7 @@ from kvpilot.engine.context import reset_context, set_context
 from kvpilot.engine.core.scheduler import ScheduledSeq, SchedulerOutput
 from kvpilot.engine.core.sequence import Sequence, SequenceStatus
 from kvpilot.engine.sampling_params import SamplingParams
+from kvpilot.engine.worker.sampler import TopLogprobs, token_logprobs
 
 _SCORE_ID = "__kvpilot_score__"
 
@@ -43,9 +44,11 @@ def score_paged(
     prompt_token_ids: list[int],
     continuation_token_ids: list[int],
     chunk: int | None = None,
-) -> list[float]:
+    top: int = 0,
+) -> tuple[list[float], list[TopLogprobs]]:
     """log p(continuation[i] | prompt + continuation[:i]) computed through the paged serving path
-    of this ModelRunner and block manager, with `evictor` (or None) applied after each chunk."""
+    of this ModelRunner and block manager, with `evictor` (or None) applied after each chunk; and
+    each position's `top` most likely tokens."""
     tokens = list(prompt_token_ids) + list(continuation_token_ids)
     bm = block_manager
     chunk = chunk or bm.block_size
@@ -53,6 +56,7 @@ def score_paged(
     seq.status = SequenceStatus.RUNNING
     first = len(prompt_token_ids) - 1  # the row whose logits predict continuation[0]
     logprobs: list[float] = []
+    tops: list[TopLogprobs] = []
     try:
         while seq.num_computed_tokens < len(tokens):
             n = min(chunk, len(tokens) - seq.num_computed_tokens)
@@ -76,11 +80,13 @@ def score_paged(
             if hi > lo:
                 logits = runner.model.compute_logits(hidden[lo - start : hi - start]).float()
                 target = torch.tensor(tokens[lo + 1 : hi + 1], dtype=torch.long, device=logits.device)
-                logprobs += torch.log_softmax(logits, -1).gather(-1, target[:, None])[:, 0].tolist()
+                chosen, alternatives = token_logprobs(logits, target, top)
+                logprobs += chosen
+                tops += alternatives
             seq.num_computed_tokens += n
             if evictor is not None:
                 evictor.evict(seq)
     finally:
         bm.deallocate(seq)
         runner.release(_SCORE_ID)
-    return logprobs
+    return logprobs, tops
