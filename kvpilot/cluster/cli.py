@@ -20,6 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--gpu-product", default="NVIDIA-H200")
     up.add_argument("--gpu-memory-mib", type=int, default=143771)
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
+    up.add_argument("--gateway-api", action=argparse.BooleanOptionalAction, default=True,
+                    help="install the Gateway API standard-channel CRDs pinned in tools/gateway-api/go.mod "
+                         "(default on)")
     for name, text in (("down", "stop every process `up` started and delete its files"),
                        ("env", "print `export KUBECONFIG=...` for the running cluster"),
                        ("status", "print the recorded processes and whether each still runs")):
@@ -32,9 +35,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help=f"where certificates, data, logs and PIDs live (default {DEFAULT_STATE_DIR})")
 
 
+def _fetch_gateway_api() -> int:
+    from kvpilot.cluster import gateway_api
+
+    try:
+        files = gateway_api.fetch()
+    except RuntimeError as exc:
+        print(f"Gateway API CRDs: {exc}", file=sys.stderr)
+        return 1
+    print(f"Gateway API {gateway_api.version()} standard channel: {len(files)} files in {gateway_api.crd_dir()}",
+          flush=True)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     if args.action == "build":
-        return build.build_all(args.components or None, force=args.force)
+        rc = build.build_all(args.components or None, force=args.force)
+        if rc == 0 and not args.components:
+            rc = _fetch_gateway_api()
+        return rc
     from kvpilot.cluster.local import LocalCluster
     from kvpilot.cluster.nodes import GpuNodeSpec
 
@@ -47,8 +66,15 @@ def run(args: argparse.Namespace) -> int:
         cluster = LocalCluster(args.state_dir, nodes=args.nodes, node_spec=spec, start_timeout_s=args.timeout)
         try:
             cluster.start()
+            if args.gateway_api:
+                from kvpilot.cluster import gateway_api
+
+                crds = gateway_api.install(cluster.api())
+                print(f"Gateway API {gateway_api.version()} standard channel: {len(crds)} CRDs installed",
+                      file=sys.stderr)
         except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
             print(f"kvpilot cluster up: {exc}", file=sys.stderr)
+            cluster.stop()
             return 1
         print(f"cluster ready in {cluster.started_in_s:.1f} s: {cluster.server}, "
               f"{args.nodes} fake GPU node(s) ({', '.join(cluster.node_names)})", file=sys.stderr)
