@@ -27,6 +27,7 @@ from kvpilot.operator.rollout_state import rollout_state
 from kvpilot.operator.spec import ServiceSpec
 from kvpilot.operator.status import with_conditions, with_failure, with_plan, with_rollout
 from kvpilot.operator.status_writer import write_status
+from kvpilot.operator.tracks import stable_spec, valid_override
 from kvpilot.planner import CapacityPlan, PlannerError, human_bytes
 
 Emit = Callable[[str, str, str], None]  # (Normal|Warning, reason, message)
@@ -56,7 +57,9 @@ class Context:
 def reconcile(ctx: Context, body: Mapping[str, Any]) -> CapacityPlan:
     meta = body["metadata"]
     namespace = meta["namespace"]
-    spec = ServiceSpec.from_dict(body.get("spec") or {})
+    # The stable track's effective configuration: spec.model/spec.strategy, or what a promotion
+    # (or a rollback after one) put there (kvpilot.operator.tracks).
+    spec = stable_spec(body.get("spec") or {}, body.get("status"), namespace)
     try:
         plan = _plan(ctx, namespace, spec)
     except ModelConfigUnavailable as exc:
@@ -111,8 +114,11 @@ def _record_plan(ctx: Context, body: Mapping[str, Any], spec: ServiceSpec, plan:
     meta = body["metadata"]
     generation, now = meta.get("generation"), ctx.now()
 
-    def update(_live: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
+    def update(live: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
         new = with_plan(old, spec, plan, now=now, generation=generation)
+        override = valid_override(live.get("spec") or {}, old)
+        if override is not None:  # the stable track runs a promoted (or restored) configuration
+            new["stable"] = {**new["stable"], "override": override}
         if monitoring is not None:
             new = with_conditions(new, [monitoring], now=now, generation=generation)
         if deployment is not None:
