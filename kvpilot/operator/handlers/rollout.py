@@ -1,0 +1,63 @@
+"""The rollout's kopf wiring: a timer per InferenceService drives steps and analyses; spec edits
+and the rollback/promote/abort annotations act at once. Everything else is in kvpilot.operator.canary."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from kvpilot.operator import constants as c
+from kvpilot.operator import options
+from kvpilot.operator import rollout_metrics as metrics
+from kvpilot.operator.canary.apply import ActionFailed
+from kvpilot.operator.canary.controller import tick
+from kvpilot.operator.handlers.context import context_for
+from kvpilot.operator.kube import KubeError
+from kvpilot.operator.rollout import phases
+from kvpilot.operator.routing import RouterUnavailable
+from kvpilot.operator.spec import canary_hash
+from kvpilot.operator.status_writer import StatusConflict
+
+ANNOTATIONS = (options.ANNOTATION_ROLLBACK, options.ANNOTATION_PROMOTE, options.ANNOTATION_ABORT)
+
+
+def needs_ticks(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
+    """A canary spec not yet acted on, or a rollout in flight (others cost the timer nothing)."""
+    canary = (status or {}).get("canary") or {}
+    if spec.get("canary"):
+        return canary.get("specHash") != canary_hash(spec["canary"]) or canary.get("phase") in phases.ACTIVE
+    return canary.get("phase") in phases.ACTIVE
+
+
+def run_tick(handler: str, body: kopf.Body, logger: logging.Logger) -> None:
+    metrics.RECONCILES.labels(handler).inc()
+    meta = body["metadata"]
+    try:
+        status = tick(context_for(body), meta["namespace"], meta["name"], options.current())
+    except (KubeError, RouterUnavailable, StatusConflict, ActionFailed) as exc:
+        metrics.RECONCILE_ERRORS.labels(handler).inc()
+        raise kopf.TemporaryError(f"rollout: {exc}", delay=2) from None
+    except Exception:
+        metrics.RECONCILE_ERRORS.labels(handler).inc()
+        raise
+    if status is not None:
+        logger.debug("rollout %s: step %s at %s%%", status.phase, status.step, status.weight)
+
+
+@kopf.timer(c.GROUP, c.VERSION, c.PLURAL, interval=options.current().tick_s, when=needs_ticks)
+def rollout_timer(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+    run_tick("rollout_timer", body, logger)
+
+
+@kopf.on.update(c.GROUP, c.VERSION, c.PLURAL, field="spec")
+def rollout_spec_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+    run_tick("rollout_spec", body, logger)
+
+
+@kopf.on.update(c.GROUP, c.VERSION, c.PLURAL, field=("metadata", "annotations", ANNOTATIONS[0]))
+@kopf.on.update(c.GROUP, c.VERSION, c.PLURAL, field=("metadata", "annotations", ANNOTATIONS[1]))
+@kopf.on.update(c.GROUP, c.VERSION, c.PLURAL, field=("metadata", "annotations", ANNOTATIONS[2]))
+def rollout_annotation_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+    run_tick("rollout_annotation", body, logger)
