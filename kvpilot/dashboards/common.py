@@ -135,7 +135,9 @@ def _builtin_annotation() -> dict[str, Any]:
 
 def base(uid: str, title: str, description: str, multi_service: bool) -> db.Dashboard:
     dashboard = (db.Dashboard(title).uid(uid).description(description).tags(TAGS).refresh("30s")
-                 .time("now-1h", "now").timezone("browser").tooltip(dm.DashboardCursorSync.CROSSHAIR))
+                 .time("now-1h", "now").timezone("browser").tooltip(dm.DashboardCursorSync.CROSSHAIR)
+                 .link(db.DashboardLink("kvpilot").type(dm.DashboardLinkType.DASHBOARDS).tags(TAGS)
+                       .as_dropdown(True).include_vars(True).keep_time(True)))
     for variable in standard_variables(multi_service):
         dashboard = dashboard.with_variable(variable)
     return dashboard
