@@ -12,6 +12,7 @@ Each test drives its own InferenceService; the Prometheus-outage test runs last.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -110,10 +111,8 @@ class Load:
                 i += 1
                 body = {"model": "tiny-llama", "prompt": f"Count with me: {i} {i + 1} {i + 2}", "max_tokens": 4,
                         "temperature": 0}
-                try:
+                with contextlib.suppress(httpx.HTTPError):
                     client.post(f"{url}/v1/completions", json=body)
-                except httpx.HTTPError:
-                    pass
                 self.stop_event.wait(0.15)
 
     def __enter__(self) -> Load:
