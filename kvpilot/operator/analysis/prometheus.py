@@ -29,7 +29,7 @@ class PrometheusProvider:
         self._client.close()
 
     def query(self, promql: str, at: float | None = None) -> float | None:
-        params: dict[str, Any] = {"query": promql, "timeout": f"{self.timeout_s}s"}
+        params: dict[str, Any] = {"query": promql, "timeout": f"{max(1, round(self.timeout_s * 1000))}ms"}
         if at is not None:
             params["time"] = f"{at:.3f}"
         try:
