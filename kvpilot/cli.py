@@ -9,6 +9,7 @@ import sys
 # name -> (module, one-line help). A module defines `add_arguments(parser)` and `run(args) -> int`.
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("kvpilot.engine.cli_serve", "run the inference engine with its OpenAI-compatible API"),
+    "digest": ("kvpilot.checkpoint_digest", "print a checkpoint's SHA256 digest (for serve --model-sha256)"),
     "plan": ("kvpilot.planner.cli", "print the KV capacity plan for a model config and GPU"),
     "make-model": ("kvpilot.engine.make_model", "write a small random checkpoint and tokenizer"),
     "sidecar": ("kvpilot.sidecar.cli", "export engine and GPU metrics for Prometheus"),

@@ -23,6 +23,12 @@ DEFAULT_CPU_MEMORY_BUDGET = "256MiB"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, type=Path, help="HF-format model directory")
     parser.add_argument(
+        "--model-sha256",
+        metavar="HEX",
+        help="refuse to start unless the checkpoint digest matches (sha256 of the sha256sum-style "
+        "manifest of the *.safetensors files; print it with `kvpilot digest DIR`)",
+    )
+    parser.add_argument(
         "--served-model-name", help="name clients pass as `model` (default: the directory name)"
     )
     parser.add_argument("--host", default="127.0.0.1")
@@ -106,6 +112,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--shutdown-grace", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
     )
     api.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    faults = parser.add_argument_group(
+        "fault injection (TEST ONLY: for rollout and reliability tests; never in production)"
+    )
+    faults.add_argument(
+        "--fault-latency-ms", type=float, default=0.0, metavar="MS",
+        help="TEST ONLY: sleep MS before every engine step, so TTFT and every inter-token gap rise by "
+        "about MS (default 0: off)",
+    )  # fmt: skip
+    faults.add_argument(
+        "--fault-error-rate", type=float, default=0.0, metavar="P",
+        help="TEST ONLY: answer this share (0-1) of generation requests with HTTP 500, counted in "
+        "requests_failed_total{reason=\"fault\"} (default 0: off)",
+    )  # fmt: skip
+    faults.add_argument("--fault-seed", type=int, help="TEST ONLY: seed for --fault-error-rate draws")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -122,13 +142,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> tuple[Any, Any, str]:
+    from kvpilot.checkpoint_digest import verify_checkpoint
     from kvpilot.engine.config import EngineConfig
     from kvpilot.engine.server import ServerSettings
     from kvpilot.engine.server.capacity import parse_bytes, plan_for, resolve_device, strategy_name
+    from kvpilot.engine.server.faults import FaultSettings
     from kvpilot.planner import PlannerError, format_plan
 
     if not (args.model / "config.json").is_file():
         raise ValueError(f"{args.model} is not a model directory: config.json is missing")
+    faults = FaultSettings(args.fault_latency_ms, args.fault_error_rate, args.fault_seed)
+    if args.model_sha256:
+        verify_checkpoint(args.model, args.model_sha256)
     config = EngineConfig(
         model=str(args.model),
         dtype=args.dtype,
@@ -184,7 +209,13 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any, str]:
         idempotency_ttl_seconds=args.idempotency_ttl,
         idempotency_max_keys=args.idempotency_max_keys,
         warmup=not args.no_warmup,
+        faults=faults,
     )
+    if faults.active:
+        lines.append(
+            f"TEST-ONLY FAULTS ON: +{faults.latency_ms:g} ms per engine step, "
+            f"{faults.error_rate:g} of generations answered 500"
+        )
     return config, settings, "\n".join(lines)
 
 

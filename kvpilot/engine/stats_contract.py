@@ -28,7 +28,9 @@ Shape (every key below is always present; values that do not apply yet are null 
       "requests": {"running": int, "waiting": int, "finished_total": int, "aborted_total": int,
                    "rejected_total": {reason: int}, "preemptions_total": int,
                    "prompt_tokens_total": int, "generation_tokens_total": int,
-                   "oom_events_total": int, "max_concurrency": int},
+                   "oom_events_total": int, "max_concurrency": int,
+                   "failed_total": {reason: int}},  # ended in an error after admission; added by
+                                                    # the API server (absent from LLMEngine.stats())
       "latency": {"ttft_seconds": HIST, "tpot_seconds": HIST, "e2e_seconds": HIST},
       "linear": {"summary_hits_total": int, "summary_misses_total": int},
       "gqa_head_utilization": [{"layer": int, "kv_head": int, "value": float}],
@@ -58,6 +60,10 @@ HISTOGRAM_KEYS = ("ttft_seconds", "tpot_seconds", "e2e_seconds")
 
 # Rejection reasons the engine counts under requests.rejected_total.
 REJECT_REASONS = ("too_long", "queue_full", "invalid", "internal_error")
+# Why a request ended in an error after it was admitted, counted under requests.failed_total
+# (added by the API server): an injected test fault (--fault-error-rate), the engine failed it,
+# the server failed it, scoring timed out, or the drain deadline cut it.
+FAILURE_REASONS = ("fault", "engine_error", "internal", "timeout", "shutdown")
 # Fallback reasons counted under validation.fallbacks_total.
 FALLBACK_REASONS = ("low_cosine", "kernel_error", "nan")
 

@@ -21,6 +21,7 @@ _MISSING = object()
 # rate() and increase() have a series from the first scrape.
 KNOWN_KEYS: dict[str, tuple[str, ...]] = {
     "kvpilot_requests_rejected_total": contract.REJECT_REASONS,
+    "kvpilot_requests_failed_total": contract.FAILURE_REASONS,
     "kvpilot_fallbacks_total": contract.FALLBACK_REASONS,
 }
 

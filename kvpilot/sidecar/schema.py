@@ -147,6 +147,10 @@ ENGINE: tuple[MetricSpec, ...] = (
        "requests.aborted_total"),
     _c("requests_rejected_total", "", "Requests refused before scheduling, by reason.",
        "requests.rejected_total{reason}", ("reason",)),
+    _c("requests_failed_total", "",
+       "Requests that ended in an error after admission (HTTP 5xx, engine error, injected test "
+       "fault, drain deadline), by reason. Error rate = failed / (finished + failed).",
+       "requests.failed_total{reason}", ("reason",)),
     _c("preemptions_total", "", "Sequences preempted to free KV blocks.",
        "requests.preemptions_total"),
     _c("prompt_tokens_total", "tokens", "Prompt tokens processed.", "requests.prompt_tokens_total"),

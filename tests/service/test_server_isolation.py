@@ -136,6 +136,8 @@ async def test_one_failing_request_does_not_disturb_the_others(
             stats["requests"]["rejected_total"]["internal_error"]
             == before["rejected_total"]["internal_error"] + 1
         )
+        assert runtime.failed_total["engine_error"] == 1
+        assert (await runtime.stats())["requests"]["failed_total"]["engine_error"] == 1
 
 
 async def test_engine_loop_survives_a_failing_step(runtime: ServerRuntime, gate: threading.Event) -> None:

@@ -42,6 +42,9 @@ def test_labelled_fields_keep_their_keys_and_documented_reasons_start_at_zero():
     assert {k for (k,) in rejected} == set(contract.REJECT_REASONS)
     fallbacks = r["kvpilot_fallbacks_total"]
     assert fallbacks[("low_cosine",)] == 2 and fallbacks[("nan",)] == 0
+    failed = r["kvpilot_requests_failed_total"]
+    assert failed[("fault",)] == 3 and failed[("engine_error",)] == 1 and failed[("shutdown",)] == 0
+    assert {k for (k,) in failed} == set(contract.FAILURE_REASONS)
 
 
 def test_histograms_use_the_contract_bounds_and_keep_counts_and_sum():

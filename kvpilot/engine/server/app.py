@@ -37,7 +37,10 @@ def create_app(runtime: ServerRuntime, *, manage_engine: bool = True) -> FastAPI
     )
     app.state.runtime = runtime
     install_error_handlers(
-        app, runtime.settings.strategy, on_invalid=lambda: runtime.record_rejection("invalid")
+        app,
+        runtime.settings.strategy,
+        on_invalid=lambda: runtime.record_rejection("invalid"),
+        on_internal=lambda: runtime.record_failure("internal"),
     )
     app.include_router(router)
     app.add_middleware(StrategyHeaderMiddleware, strategy=runtime.settings.strategy)

@@ -63,6 +63,12 @@ async def serve_completion(
             return await respond(request, runtime, existing, req.stream)
 
     admission.acquire()
+    try:
+        runtime.faults.maybe_fail()
+    except APIError:
+        admission.release()
+        runtime.record_failure("fault")
+        raise
     fmt = CompletionFormat(
         chat=chat,
         response_id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
@@ -81,12 +87,14 @@ async def serve_completion(
             await _run(gen, fmt, out, req.stream)
         except EngineFailure as exc:
             runtime.record_rejection("internal_error")
+            runtime.record_failure("engine_error")
             raise APIError(500, f"internal error while generating: {exc}", code="internal_error") from exc
         except (APIError, asyncio.CancelledError):
             raise
         except Exception as exc:  # e.g. detokenising this request's output: fail it alone
             log.exception("request %s failed in the server", fmt.response_id)
             runtime.record_rejection("internal_error")
+            runtime.record_failure("internal")
             message = f"internal error while serving this request: {type(exc).__name__}: {exc}"
             raise APIError(500, message, code="internal_error") from exc
         finally:

@@ -52,8 +52,11 @@ class EngineLoop:
     (their blocks freed). Either way the loop carries on with new requests.
     """
 
-    def __init__(self, engine: Any, *, name: str = "kvpilot-engine") -> None:
+    def __init__(
+        self, engine: Any, *, name: str = "kvpilot-engine", before_step: Callable[[], None] | None = None
+    ) -> None:
         self.engine = engine
+        self._before_step = before_step  # test-only fault injection (added latency)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, RequestSink] = {}
         self._stop = threading.Event()
@@ -162,6 +165,8 @@ class EngineLoop:
             command.future.set_exception(exc)
 
     def _step(self) -> None:
+        if self._before_step is not None:
+            self._before_step()
         try:
             outputs = self.engine.step()
         except Exception as exc:

@@ -77,7 +77,12 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     return "invalid request body: " + "; ".join(lines), first
 
 
-def install_error_handlers(app: FastAPI, strategy: str, on_invalid: Callable[[], None] | None = None) -> None:
+def install_error_handlers(
+    app: FastAPI,
+    strategy: str,
+    on_invalid: Callable[[], None] | None = None,
+    on_internal: Callable[[], None] | None = None,
+) -> None:
     async def on_api_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, APIError)
         return error_response(exc, strategy)
@@ -104,6 +109,8 @@ def install_error_handlers(app: FastAPI, strategy: str, on_invalid: Callable[[],
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error while serving %s %s", request.method, request.url.path)
+        if on_internal is not None:
+            on_internal()
         message = f"internal error while serving this request ({type(exc).__name__}: {exc})"
         return error_response(APIError(500, message, code="internal_error"), strategy)
 

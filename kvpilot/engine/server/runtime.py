@@ -8,13 +8,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvpilot.engine.server.admission import Admission, not_ready_error
 from kvpilot.engine.server.engine_loop import EngineLoop
 from kvpilot.engine.server.errors import APIError
+from kvpilot.engine.server.faults import FaultInjector, FaultSettings
 from kvpilot.engine.server.idempotency import IdempotencyStore
+from kvpilot.engine.stats_contract import FAILURE_REASONS
 
 log = logging.getLogger("kvpilot.server")
 
@@ -32,6 +34,7 @@ class ServerSettings:
     idempotency_ttl_seconds: float = 600.0
     idempotency_max_keys: int = 10_000
     warmup: bool = True
+    faults: FaultSettings = field(default_factory=FaultSettings)  # test only
 
 
 class ServerRuntime:
@@ -57,6 +60,10 @@ class ServerRuntime:
         self._warm_up = warm_up
         self._on_ready = on_ready
         self._last_stats: dict[str, Any] | None = None
+        self.faults = FaultInjector(settings.faults)
+        # Requests that ended in an error after admission, by reason. Counted here, on the event
+        # loop, because every such ending passes through the API layer; merged into the feed.
+        self.failed_total: dict[str, int] = dict.fromkeys(FAILURE_REASONS, 0)
         self._loader: threading.Thread | None = None
         self.on_failure: Callable[[str], None] | None = None
 
@@ -86,7 +93,8 @@ class ServerRuntime:
             )
             if self._on_ready is not None:
                 self._on_ready(engine)  # before the loop starts: the engine is still this thread's
-            self.loop = EngineLoop(engine).start()
+            before_step = self.faults.before_step if self.settings.faults.latency_ms > 0 else None
+            self.loop = EngineLoop(engine, before_step=before_step).start()
             if self.state == "stopping":
                 self.loop.stop()
                 return
@@ -159,6 +167,10 @@ class ServerRuntime:
         if self.loop is not None and self.loop.alive:
             self.loop.call(lambda engine: engine.record_rejection(reason))
 
+    def record_failure(self, reason: str) -> None:
+        """Count a request that ended in an error (event-loop thread only)."""
+        self.failed_total[reason] = self.failed_total.get(reason, 0) + 1
+
     async def stats(self) -> dict[str, Any] | None:
         """The engine's stats feed, taken on the engine thread between two steps."""
         if self.loop is None or not self.loop.alive:
@@ -167,9 +179,13 @@ class ServerRuntime:
         try:
             snapshot = await asyncio.wait_for(asyncio.wrap_future(future), STATS_TIMEOUT_SECONDS)
         except TimeoutError:
-            return self._last_stats
+            return None if self._last_stats is None else self._with_server_counters(self._last_stats)
         self._last_stats = snapshot
-        return snapshot
+        return self._with_server_counters(snapshot)
+
+    def _with_server_counters(self, snapshot: dict[str, Any]) -> dict[str, Any]:
+        requests = {**snapshot.get("requests", {}), "failed_total": dict(self.failed_total)}
+        return {**snapshot, "requests": requests}
 
 
 def engine_max_model_len(engine: Any) -> int:

@@ -49,13 +49,16 @@ async def score(runtime: ServerRuntime, req: ScoreRequest) -> ScoreResponse:
         logprobs = await asyncio.wait_for(asyncio.wrap_future(future), SCORE_TIMEOUT_SECONDS)
     except TimeoutError as exc:
         future.cancel()
+        runtime.record_failure("timeout")
         raise APIError(503, "scoring timed out: the engine is busy; retry", code="timeout") from exc
     except Exception as exc:
         runtime.record_rejection("internal_error")
+        runtime.record_failure("engine_error")
         raise APIError(500, f"internal error while scoring: {type(exc).__name__}: {exc}") from exc
     values = [float(v) for v in logprobs]
     if len(values) != len(cont_ids) or not all(math.isfinite(v) for v in values):
         runtime.record_rejection("internal_error")
+        runtime.record_failure("engine_error")
         raise APIError(500, f"the engine returned {len(values)} log-probabilities for {len(cont_ids)} tokens")
     return ScoreResponse(
         model=runtime.settings.model_name,
