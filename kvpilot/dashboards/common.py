@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import prometheus as prom
 from grafana_foundation_sdk.builders import timeseries
@@ -24,6 +25,9 @@ DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 TRACKS = ("stable", "canary")
 RATE = "$__rate_interval"  # Grafana: at least four scrape intervals, so a rate always has two samples
 TAGS = ["kvpilot"]
+KV_EFFICIENCY_TARGET = 0.85  # DESIGN.md's mission-metric targets, drawn as dashed lines
+SUMMARY_HIT_TARGET = 0.995
+FALLBACK_COSINE = 0.92  # runtime validation sends a sequence to exact attention below this cosine
 
 
 def matchers(track: str | None = None, with_track_variable: bool = True) -> str:
@@ -87,10 +91,15 @@ def prometheus_query(target: Target) -> prom.Dataquery:
 
 
 def graph(title: str, description: str, unit: str, targets: Sequence[Target], *, width: int = 12,
-          height: int = 8, min_value: float | None = None, max_value: float | None = None) -> timeseries.Panel:
-    """A time-series panel: lines, one per target."""
+          height: int = 8, min_value: float | None = None, max_value: float | None = None,
+          good_from: float | None = None) -> timeseries.Panel:
+    """A time-series panel: lines, one per target; `good_from` draws a dashed target line (below: red)."""
     panel = (timeseries.Panel().title(title).description(description).datasource(DATASOURCE).unit(unit)
              .span(width).height(height).line_width(1).fill_opacity(10).show_points(cm.VisibilityMode.NEVER))
+    if good_from is not None:
+        steps = [dm.Threshold(None, "red"), dm.Threshold(good_from, "green")]
+        panel = (panel.thresholds(db.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE).steps(steps))
+                 .thresholds_style(cb.GraphThresholdsStyleConfig().mode(cm.GraphTresholdsStyleMode.DASHED)))
     if min_value is not None:
         panel = panel.min(min_value)
     if max_value is not None:

@@ -8,7 +8,18 @@ from grafana_foundation_sdk.builders import dashboard as db
 
 from kvpilot import promql
 from kvpilot.dashboards import queries
-from kvpilot.dashboards.common import RATE, Target, base, graph, matchers, per_track, to_dict
+from kvpilot.dashboards.common import (
+    KV_EFFICIENCY_TARGET,
+    RATE,
+    SUMMARY_HIT_TARGET,
+    TRACKS,
+    Target,
+    base,
+    graph,
+    matchers,
+    per_track,
+    to_dict,
+)
 
 UID = "kvpilot-fleet-overview"
 
@@ -23,14 +34,16 @@ def build() -> dict[str, Any]:
         .with_panel(graph(
             "KV cache efficiency", "Token slots holding live K/V / token slots in blocks held by live "
             "sequences, every scrape in the window weighted by its allocation (target above 0.85).",
-            "percentunit", per_track(promql.kv_cache_efficiency_over, RATE), width=8, min_value=0, max_value=1))
+            "percentunit", per_track(promql.kv_cache_efficiency_over, RATE), width=8, min_value=0, max_value=1,
+            good_from=KV_EFFICIENCY_TARGET))
         .with_panel(graph(
             "Summary cache hit rate", "Linear-attention steps whose recurrent state was resident / all such "
             "steps in the window (target above 0.995; no data where no linear-attention strategy runs).",
-            "percentunit", [Target(queries.summary_cache_hit_rate(m, RATE), "{{track}}")], width=8, min_value=0, max_value=1))
+            "percentunit", [Target(queries.summary_cache_hit_rate(m, RATE), "{{track}}")], width=8, min_value=0, max_value=1,
+            good_from=SUMMARY_HIT_TARGET))
         .with_panel(graph(
             "Engines up", "Pods whose engine the sidecar read at the last scrape.", "short",
-            [Target(promql.engine_up(matchers(track)), track) for track in ("stable", "canary")],
+            [Target(promql.engine_up(matchers(track)), track) for track in TRACKS],
             width=8, min_value=0))
         .with_row(db.Row("Memory"))
         .with_panel(graph(
@@ -42,7 +55,7 @@ def build() -> dict[str, Any]:
             "KV cache usage", "KV blocks held by live sequences / blocks in the pool.", "percentunit",
             [Target(f"{queries.total('kvpilot_kv_blocks_used', matchers(track))} / "
                     f"{queries.total('kvpilot_kv_blocks_capacity', matchers(track))}", track)
-             for track in ("stable", "canary")], width=12, min_value=0, max_value=1))
+             for track in TRACKS], width=12, min_value=0, max_value=1))
         .with_row(db.Row("Requests"))
         .with_panel(graph(
             "Requests per second", "Requests that ended (finished + failed), per second.", "reqps",

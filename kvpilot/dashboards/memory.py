@@ -13,7 +13,10 @@ from kvpilot import promql
 from kvpilot.dashboards import queries
 from kvpilot.dashboards.common import (
     DATASOURCE,
+    FALLBACK_COSINE,
+    KV_EFFICIENCY_TARGET,
     RATE,
+    SUMMARY_HIT_TARGET,
     Target,
     base,
     graph,
@@ -39,7 +42,7 @@ def head_utilisation_heatmap() -> heatmap.Panel:
                .scale(hm.HeatmapColorScale.LINEAR).min(0).max(1).steps(64))
         .rows_frame(heatmap.RowsHeatmapOptions().value("utilisation").layout(cm.HeatmapCellLayout.UNKNOWN))
         .y_axis(heatmap.YAxisConfig().axis_placement(cm.AxisPlacement.LEFT))
-        .cell_values(heatmap.CellValues().unit("percentunit"))
+        .cell_values(heatmap.CellValues().unit("percentunit")).show_tooltip()
         .with_target(prometheus_query(target))
     )
 
@@ -62,7 +65,8 @@ def build() -> dict[str, Any]:
             "short", [Target(queries.total(metric, m), name) for name, metric in queries.KV_BLOCKS], min_value=0))
         .with_panel(graph(
             "KV cache efficiency", "Live token slots / allocated token slots in the window (target above 0.85).",
-            "percentunit", per_track(promql.kv_cache_efficiency_over, RATE), min_value=0, max_value=1))
+            "percentunit", per_track(promql.kv_cache_efficiency_over, RATE), min_value=0, max_value=1,
+            good_from=KV_EFFICIENCY_TARGET))
         .with_panel(graph(
             "Prefix cache hits", "Prompt tokens found in the prefix cache / prompt tokens looked up.",
             "percentunit", [Target(queries.prefix_cache_hit_ratio(m, RATE), "{{track}}")], min_value=0, max_value=1))
@@ -80,13 +84,14 @@ def build() -> dict[str, Any]:
             "Validation cosine", "Cosine of the latest exact-vs-approximate check, lowest pod; below 0.92 the "
             "sequence falls back to exact attention.", "short",
             [Target(queries.validation_cosine_min(m), "{{track}}")],
-            min_value=-1, max_value=1))
+            min_value=-1, max_value=1, good_from=FALLBACK_COSINE))
         .with_panel(graph(
             "Validation checks per second", "Exact-vs-approximate attention comparisons run.", "ops",
             per_track(queries.validation_checks_rate, RATE), min_value=0))
         .with_panel(graph(
             "Summary cache hit rate", "Linear-attention steps with a resident recurrent state (target above "
-            "0.995).", "percentunit", [Target(queries.summary_cache_hit_rate(m, RATE), "{{track}}")], min_value=0, max_value=1))
+            "0.995).", "percentunit", [Target(queries.summary_cache_hit_rate(m, RATE), "{{track}}")], min_value=0, max_value=1,
+            good_from=SUMMARY_HIT_TARGET))
         .with_panel(graph(
             "OOM events and restarts", "Out-of-memory events the engines caught and engine restarts the "
             "sidecars saw, in the window.", "short",

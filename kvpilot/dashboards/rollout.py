@@ -11,6 +11,7 @@ from kvpilot import promql
 from kvpilot.dashboards import queries
 from kvpilot.dashboards.common import (
     DATASOURCE,
+    KV_EFFICIENCY_TARGET,
     OPERATOR_MATCHERS,
     RATE,
     Target,
@@ -85,7 +86,8 @@ def build() -> dict[str, Any]:
         .with_panel(graph("Error rate", "Failed / (finished + failed).", "percentunit",
                           per_track(promql.error_rate, RATE), width=8, min_value=0))
         .with_panel(graph("KV cache efficiency", "Live / allocated token slots in the window.", "percentunit",
-                          per_track(promql.kv_cache_efficiency_over, RATE), width=8, min_value=0, max_value=1))
+                          per_track(promql.kv_cache_efficiency_over, RATE), width=8, min_value=0, max_value=1,
+                          good_from=KV_EFFICIENCY_TARGET))
         .with_panel(graph("Time to first token (P95)", "", "s", per_track(promql.ttft_p95, RATE), width=8,
                           min_value=0))
         .with_panel(graph("Time per output token (P95)", "", "s", per_track(promql.tpot_p95, RATE), width=8,
