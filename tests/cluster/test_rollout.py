@@ -109,11 +109,11 @@ class Load:
             i = 0
             while not self.stop_event.is_set():
                 i += 1
-                body = {"model": "tiny-llama", "prompt": f"Count with me: {i} {i + 1} {i + 2}", "max_tokens": 4,
+                body = {"model": "tiny-llama", "prompt": f"Count with me: {i} {i + 1} {i + 2}", "max_tokens": 12,
                         "temperature": 0}
                 with contextlib.suppress(httpx.HTTPError):
                     client.post(f"{url}/v1/completions", json=body)
-                self.stop_event.wait(0.15)
+                self.stop_event.wait(0.05)
 
     def __enter__(self) -> Load:
         for t in self.threads:
@@ -128,14 +128,38 @@ class Load:
 
 def probe_configmap(namespace: str, stable_url: str) -> dict[str, Any]:
     """Prompts with the stable engine's own greedy continuations as references (what it is sure of)."""
-    probes = []
+    lines = []
     with httpx.Client(timeout=60, trust_env=False) as client:
         for prompt in ("The quick brown fox", "Once upon a time", "1 2 3 4 5", "In the beginning", "Hello world"):
             out = client.post(f"{stable_url}/v1/completions", json={
                 "model": "tiny-llama", "prompt": prompt, "max_tokens": 16, "temperature": 0}).json()
-            probes.append({"prompt": prompt, "reference": out["choices"][0]["text"]})
+            lines.append(json.dumps({"prompt": prompt, "continuation": out["choices"][0]["text"]}))
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "probes", "namespace": namespace},
-            "data": {"probes.json": json.dumps(probes)}}
+            "data": {"probes.jsonl": "\n".join(lines) + "\n"}}
+
+
+def sharpen(src: Path, dst: Path) -> Path:
+    """The tiny random Llama with confident predictions, so that damage to attention shows in the scores.
+
+    A random checkpoint's next-token distribution is nearly flat: merging its two KV heads by
+    mean-pooling changes the log-likelihood of any text by noise (measured: -6.06 pooled vs -6.11
+    stable, nats per token). Larger logits (lm_head x 20) and sharper attention (q, k x 3, v x 3) make
+    the stable engine sure of its own greedy continuations and the pooled-GQA canary measurably
+    worse (-52.1 vs -49.7), while int8 KV scores the same as bf16.
+    """
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = load_file(src / "model.safetensors")
+    for key in tensors:
+        if key == "lm_head.weight":
+            tensors[key] = tensors[key] * 20
+        elif key.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
+            tensors[key] = tensors[key] * 3
+    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
 
 
 @pytest.fixture(scope="module")
@@ -156,9 +180,9 @@ def env(k8s_cluster, gateway_api, tmp_path_factory) -> Iterator[dict[str, Any]]:
     kube = kube_client(k8s_cluster)
     apply_gateway(kube, ns, "gw")
     work = tmp_path_factory.mktemp("rollout")
-    model = work / "tiny-llama"
-    subprocess.run([sys.executable, "-m", "kvpilot.cli", "make-model", str(model), "--family", "llama",
+    subprocess.run([sys.executable, "-m", "kvpilot.cli", "make-model", str(work / "random"), "--family", "llama",
                     "--size", "tiny"], check=True, capture_output=True, timeout=300)
+    model = sharpen(work / "random", work / "tiny-llama")
     digest = subprocess.run([sys.executable, "-m", "kvpilot.cli", "digest", str(model)], check=True,
                             capture_output=True, text=True, timeout=120).stdout.split()[0]
     fleet = Fleet(model, work / "fleet")
@@ -316,8 +340,8 @@ def test_healthy_canary_promotes_1_5_100_with_route_status_and_lineage(env: dict
         assert at5["step"] == 1 and route_weight(env, name) == 5
         first = at5["analyses"][0]
         assert first["verdict"] == "pass" and first["step"] == 0, first
-        assert {c["name"] for c in first["checks"]} >= {"error_rate", "ttft_p95_ratio"}
-        assert all(c["canary"] is not None for c in first["checks"] if c["name"] == "error_rate")
+        assert {c["name"] for c in first["checks"]} >= {"errorRate", "ttftP95Ratio"}
+        assert all(c["canary"] is not None for c in first["checks"] if c["name"] == "errorRate")
         done = wait_canary(env, name, lambda s: s.get("phase") in ("Promoted", "RolledBack", "Failed"), "done", 90)
     assert done["phase"] == "Promoted", done
     assert [a["verdict"] for a in done["analyses"]] == ["pass", "pass"]
@@ -341,7 +365,7 @@ def test_healthy_canary_promotes_1_5_100_with_route_status_and_lineage(env: dict
                            "--kubeconfig", str(env["kubeconfig"])], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"})
     assert view.returncode == 0, view.stderr
-    assert "Promoted" in view.stdout and "error_rate" in view.stdout and "previous" in view.stdout, view.stdout
+    assert "Promoted" in view.stdout and "errorRate" in view.stdout and "previous" in view.stdout, view.stdout
 
 
 def test_canary_with_injected_errors_rolls_back_automatically(env: dict[str, Any]) -> None:
@@ -352,7 +376,7 @@ def test_canary_with_injected_errors_rolls_back_automatically(env: dict[str, Any
     assert done["phase"] == "RolledBack" and done["reason"] == "FailureLimitReached", done
     assert done["weight"] == 0 and route_weight(env, name) == 0
     [analysis] = done["analyses"]
-    errors = next(c for c in analysis["checks"] if c["name"] == "error_rate")
+    errors = next(c for c in analysis["checks"] if c["name"] == "errorRate")
     assert analysis["verdict"] == "fail" and errors["ok"] is False and errors["canary"] > 0.05, analysis
     assert deployment(env, f"{name}-canary").spec.replicas == 0
     assert "bf16" in lineage(env, name)["stable"]["current"]["strategy"]
@@ -367,9 +391,9 @@ def test_mean_pooled_gqa_is_stopped_by_the_accuracy_gate(env: dict[str, Any]) ->
     done = wait_canary(env, name, lambda s: s.get("phase") in ("Promoted", "RolledBack", "Failed"), "done", 120)
     assert done["phase"] == "RolledBack", done
     [analysis] = done["analyses"]
-    accuracy = next(c for c in analysis["checks"] if c["name"] == "accuracy_delta")
+    accuracy = next(c for c in analysis["checks"] if c["name"] == "accuracyDelta")
     assert accuracy["ok"] is False, analysis
-    latency_ok = [c["ok"] for c in analysis["checks"] if c["name"] in ("ttft_p95_ratio", "error_rate")]
+    latency_ok = [c["ok"] for c in analysis["checks"] if c["name"] in ("ttftP95Ratio", "errorRate")]
     assert all(latency_ok), analysis  # the metrics alone would have passed it
     assert route_weight(env, name) == 0
 

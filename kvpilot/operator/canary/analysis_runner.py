@@ -18,7 +18,7 @@ from kvpilot.operator.rollout.state import rfc3339
 from kvpilot.operator.spec import ServiceSpec
 
 log = logging.getLogger(__name__)
-ACCURACY_CHECK = "accuracy_delta"
+ACCURACY_CHECK = "accuracyDelta"  # = analysis.probes.ACCURACY_CHECK
 
 
 def run_analysis(kube: Kube, body: Mapping[str, Any], request: RunAnalysis, options: Options,
