@@ -23,6 +23,7 @@ class Query:
     dashboard: str
     where: str  # "panel 'Title' A" or "annotation 'Name'"
     expr: str
+    legend: str = ""
 
     @property
     def reads_operator(self) -> bool:
@@ -38,7 +39,7 @@ def _panels(panels: Sequence[dict[str, Any]]) -> Iterator[dict[str, Any]]:
 def queries(dashboard: Mapping[str, Any]) -> list[Query]:
     """Every panel target's and every Prometheus annotation's expression, in dashboard order."""
     uid = dashboard["uid"]
-    found = [Query(uid, f"panel {panel['title']!r} {target['refId']}", target["expr"])
+    found = [Query(uid, f"panel {panel['title']!r} {target['refId']}", target["expr"], target.get("legendFormat", ""))
              for panel in _panels(dashboard["panels"]) for target in panel.get("targets", [])]
     found += [Query(uid, f"annotation {annotation['name']!r}", annotation["expr"])
               for annotation in dashboard["annotations"]["list"] if "expr" in annotation]

@@ -110,9 +110,10 @@ def scraped(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         operator_http.server_close()
 
 
-def grafana_values(dashboard: dict[str, Any], namespace: str = NAMESPACE) -> dict[str, str]:
-    """The variables as a user picking the test namespace, the service and All tracks would set them."""
-    picked = {"namespace": [namespace], "service": [SERVICE], "track": ["stable", "canary"]}
+def grafana_values(dashboard: dict[str, Any], namespace: str = NAMESPACE,
+                   tracks: tuple[str, ...] = ("stable", "canary")) -> dict[str, str]:
+    """The variables as a user picking the test namespace, the service and both tracks would set them."""
+    picked = {"namespace": [namespace], "service": [SERVICE], "track": list(tracks)}
     values = {name: format_value(variable, picked[name])
               for name, variable in variables(dashboard).items() if name in picked}
     return {**values, "__rate_interval": RATE_INTERVAL, "__interval": "1s", "__range": "5m"}
@@ -180,6 +181,19 @@ def test_every_query_is_scoped_by_the_variables(scraped: Scraped) -> None:
         if range_values(scraped.prom, expr, scraped.load_start, scraped.load_end):
             leaking.append(f"{query.dashboard}: {query.where}: {expr}")
     assert not leaking, "queries that ignore the namespace variable:\n" + "\n".join(leaking)
+
+
+def test_the_track_picker_hides_a_track(scraped: Scraped) -> None:
+    """With only stable picked, every query drawn as the canary's line returns nothing, stable's still data."""
+    shown, hidden = [], []
+    for dashboard, query in every_query(operator=False):
+        if query.legend not in ("stable", "canary"):
+            continue
+        expr = interpolate(query.expr, grafana_values(dashboard, tracks=("stable",)))
+        values = range_values(scraped.prom, expr, scraped.load_start, scraped.load_end)
+        (shown if values else hidden).append((query.legend, f"{query.dashboard}: {query.where}"))
+    assert hidden and all(legend == "canary" for legend, _ in hidden), hidden
+    assert shown and all(legend == "stable" for legend, _ in shown), shown
 
 
 def test_the_variables_list_what_runs(scraped: Scraped) -> None:
