@@ -10,7 +10,7 @@
 | maxFallbackRate | 0.05 | runtime-validation fallbacks per request |
 | minKvCacheEfficiency | 0.5 | live / allocated KV token slots over the window (all canary pods) |
 | maxPreemptionRate | 0.1 | preemptions per request |
-| maxAccuracyDelta | 0.1 | probe-set mean log-likelihood per token, stable - canary (nats) |
+| maxAccuracyDelta | 0.05 | probe-set mean log-likelihood per token, stable - canary (nats; 0.05 ~ +5% perplexity) |
 | probeSet | none | ConfigMap with the probes; none -> no accuracy gate |
 | failureLimit | 2 | failed or inconclusive analyses before a rollback |
 """
@@ -35,7 +35,7 @@ class Thresholds:
     max_fallback_rate: float = 0.05
     min_kv_cache_efficiency: float = 0.5
     max_preemption_rate: float = 0.1
-    max_accuracy_delta: float = 0.1
+    max_accuracy_delta: float = 0.05
     probe_set: str | None = None
     failure_limit: int = 2
 
