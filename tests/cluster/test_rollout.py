@@ -357,7 +357,7 @@ def test_healthy_canary_promotes_1_5_100_with_route_status_and_lineage(env: dict
     assert lin["previous"]["sha256"] == env["digest"] and lin["previous"]["spec"]["strategy"]["kvCacheDtype"] == "bf16"
     assert stable.spec.strategy.rolling_update.max_unavailable in (0, "0")
     reasons = [r for r, _ in events(env, name)]
-    assert {"RolloutStarted", "AnalysisPassed", "Promoting", "Promoted"} <= set(reasons), reasons
+    assert {"CanaryStarted", "AnalysisPassed", "Promoting", "Promoted"} <= set(reasons), reasons
     metrics = env["operator"].metrics()
     assert f'kvpilot_rollout_promotions_total{{namespace="{env["ns"]}",service="{name}"}} 1.0' in metrics
     assert f'kvpilot_rollout_phase{{namespace="{env["ns"]}",service="{name}",phase="Promoted"}} 1.0' in metrics

@@ -100,7 +100,7 @@ def _new_canary(status: CanaryStatus, spec: RolloutSpec, now: datetime.datetime,
     verb = "restarted (spec.canary changed)" if restarted else "started"
     steps = " -> ".join(f"{w}%" for w in spec.steps)
     actions += [ScaleCanary(spec.replicas),
-                Event("Normal", "RolloutStarted", f"canary {spec.strategy or spec.spec_hash} {verb}: "
+                Event("Normal", "CanaryStarted", f"canary {spec.strategy or spec.spec_hash} {verb}: "
                       f"steps {steps}, {spec.interval_s:g} s each, failure limit {spec.failure_limit}")]
     new = CanaryStatus(phase=p.PROGRESSING, spec_hash=spec.spec_hash, step=0, weight=0, started_at=rfc3339(now),
                        reason="CanaryStarting", message="waiting for the canary pods", extra=status.extra)
