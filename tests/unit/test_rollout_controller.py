@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from kvpilot.operator import constants as c
 from kvpilot.operator.canary.controller import tick
@@ -87,7 +88,12 @@ def setup(verdicts: list[str], **canary: Any) -> tuple[RolloutKube, Context, Clo
     return kube, ctx, clock, asked, run
 
 
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, {"namespace": "ns", "service": "chat", **labels}) or 0.0
+
+
 def test_healthy_canary_walks_the_steps_and_promotes() -> None:
+    promotions = sample("kvpilot_rollout_promotions_total")
     kube, _ctx, clock, asked, run = setup(["pass", "pass"])
     status = run()
     assert status["canary"]["phase"] == "Progressing" and status["canary"]["weight"] == 1
@@ -113,6 +119,8 @@ def test_healthy_canary_walks_the_steps_and_promotes() -> None:
     assert [a["verdict"] for a in status["canary"]["analyses"]] == ["pass", "pass"]
     reasons = [e[1] for e in run.events]  # type: ignore[attr-defined]
     assert "Promoting" in reasons and "Promoted" in reasons
+    assert sample("kvpilot_rollout_promotions_total") == promotions + 1
+    assert sample("kvpilot_rollout_phase", phase="Promoted") == 1 and sample("kvpilot_rollout_weight") == 0
 
 
 def test_failures_roll_back_to_zero_and_scale_the_canary_down() -> None:
@@ -121,8 +129,10 @@ def test_failures_roll_back_to_zero_and_scale_the_canary_down() -> None:
     clock.t = 10
     assert run()["canary"]["failures"] == 1 and kube.route_weight() == 1
     clock.t = 20
+    rollbacks = sample("kvpilot_rollout_rollbacks_total", reason="FailureLimitReached")
     status = run()
     assert status["canary"]["phase"] == "RolledBack" and status["canary"]["weight"] == 0
+    assert sample("kvpilot_rollout_rollbacks_total", reason="FailureLimitReached") == rollbacks + 1
     assert kube.route_weight() == 0
     assert kube.find("Deployment", "chat-canary", "apps/v1")["spec"]["replicas"] == 0
     clock.t = 100
