@@ -2,7 +2,9 @@
 
 stable: `kvpilot serve --kv-cache-dtype bf16`, canary: `--kv-cache-dtype int8`, both the tiny CPU
 checkpoint, labelled namespace/service/track as a PodMonitor would label them. Every promql.py
-query the analysis uses runs here against real series.
+query the analysis uses runs here against real series. A third engine is a faulty canary of a
+second service, "faulty" (int8 plus the test-only `--fault-error-rate 0.3 --fault-latency-ms 300`);
+that service's stable track is the same stable engine, scraped a second time under its labels.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ from kvpilot import promql
 from kvpilot.operator.analysis import Thresholds, analyse, provider_for
 from kvpilot.operator.analysis.run import queries
 from tests.harness.fleet import SMALL_ENGINE, EngineSpec, Fleet, _spawn, _wait_http, send_load
-from tests.harness.prometheus import PrometheusServer, prometheus_missing
+from tests.harness.prometheus import LabelledTarget, PrometheusServer, prometheus_missing
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
 
-NS, SVC = "team-a", "llm"
+NS, SVC, FAULTY = "team-a", "llm", "faulty"
 SCRAPE_S = 1.0
 LOAD = 30  # requests per track
 
@@ -31,7 +33,7 @@ LOAD = 30  # requests per track
 class Stack:
     def __init__(self, fleet: Fleet, prom: PrometheusServer) -> None:
         self.fleet, self.prom = fleet, prom
-        self.stable, self.canary = fleet.engines
+        self.stable, self.canary, self.faulty = fleet.engines
         self.provider = provider_for("prometheus", url=prom.url, timeout_s=5.0)
 
     def settle(self, track: str, at_least: float) -> None:
@@ -50,10 +52,14 @@ def stack(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     workdir = tmp_path_factory.mktemp("analysis")
     with Fleet(tiny_model, workdir / "fleet") as fleet:
         fleet.start([EngineSpec(NS, SVC, "stable", ("--kv-cache-dtype", "bf16")),
-                     EngineSpec(NS, SVC, "canary", ("--kv-cache-dtype", "int8"))])
-        with PrometheusServer({"kvpilot-engines": fleet.targets()}, workdir / "prometheus",
-                              scrape_interval=f"{SCRAPE_S:g}s") as prom:
-            prom.wait_for("sum(kvpilot_engine_up)", lambda r: bool(r) and r[0].value == 2, timeout=30)
+                     EngineSpec(NS, SVC, "canary", ("--kv-cache-dtype", "int8")),
+                     EngineSpec(NS, FAULTY, "canary", ("--kv-cache-dtype", "int8", "--fault-error-rate", "0.3",
+                                                       "--fault-latency-ms", "300", "--fault-seed", "7"))])
+        stable_again = LabelledTarget(fleet.engines[0].target.address, {"namespace": NS, "service": FAULTY,
+                                                                         "track": "stable"})
+        jobs = {"kvpilot-engines": fleet.targets(), "kvpilot-faulty-stable": [stable_again]}
+        with PrometheusServer(jobs, workdir / "prometheus", scrape_interval=f"{SCRAPE_S:g}s") as prom:
+            prom.wait_for("sum(kvpilot_engine_up)", lambda r: bool(r) and r[0].value == 4, timeout=30)
             yield Stack(fleet, prom)
 
 
@@ -119,6 +125,28 @@ def test_unknown_service_has_no_data_and_is_inconclusive(stack: Stack) -> None:
     result = analyse(stack.provider, NS, "not-deployed", 60, Thresholds(), datetime.now(UTC))
     assert result.verdict == "inconclusive" and result.reason == "TooFewRequests"
     assert result.check("requests").canary is None
+
+
+def test_faulty_canary_fails_on_errors_and_latency(stack: Stack) -> None:
+    """Test-only faults on a real engine: 30% HTTP 500s and +300 ms per step; the analysis fails."""
+    began = time.time()
+    with ThreadPoolExecutor(2) as pool:
+        faulty = pool.submit(send_load, stack.faulty.api_url, LOAD, 3, max_tokens=8)
+        stable = pool.submit(send_load, stack.stable.api_url, LOAD, 3, max_tokens=8)
+        codes = faulty.result()
+        assert stable.result() == [200] * LOAD
+    assert 0 < codes.count(500) < LOAD and codes.count(200) + codes.count(500) == LOAD
+    m = promql.matchers(NS, FAULTY, "canary")
+    stack.prom.wait_for(f"sum({promql.selector('kvpilot_requests_failed_total', m)})",
+                        lambda r: bool(r) and r[0].value >= codes.count(500), timeout=30)
+    time.sleep(2 * SCRAPE_S + 0.5)
+    t = Thresholds(min_requests=LOAD // 2, max_ttft_p95_ratio=3.0, max_tpot_p95_ratio=3.0)
+    result = analyse(stack.provider, NS, FAULTY, time.time() - began + 2, t, datetime.now(UTC))
+    print(result.message)
+    assert result.verdict == "fail" and result.reason == "ErrorRateBreached", result.to_status()
+    error_rate = result.check("errorRate")
+    assert error_rate.canary == pytest.approx(codes.count(500) / LOAD, abs=0.1) and error_rate.stable == 0
+    assert result.check("ttftP95Ratio").ok is False  # +300 ms per step: measured 3.9x at +150 ms
 
 
 def _restart_engine(stack: Stack) -> None:
