@@ -37,8 +37,10 @@ pytestmark = [pytest.mark.service, pytest.mark.slow]
 NAMESPACE, SERVICE = "dash-test", "chat"
 SCRAPE = "1s"
 RATE_INTERVAL = "10s"  # what Grafana's $__rate_interval would be for a dashboard step of a few seconds
+# the canary also fails a share of requests (test-only fault flag), so the error-rate lines carry real failures
 CANARY_FLAGS = ("--attention", "linear", "--linear-window", "8", "--head-utilization-every", "2",
-                "--validate-every", "4", "--validation-sample-rate", "1")
+                "--validate-every", "4", "--validation-sample-rate", "1", "--fault-error-rate", "0.25",
+                "--fault-seed", "7")
 STABLE_FLAGS = ("--head-utilization-every", "2")
 DASHBOARD_JSON = {name: build() for name, build in DASHBOARDS.items()}
 
@@ -96,9 +98,10 @@ def scraped(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
                 load_start = time.time()
                 story.start()
                 with ThreadPoolExecutor(2) as pool:
-                    codes = [code for batch in pool.map(lambda url: send_load(url, requests=16, concurrency=4),
-                                                        [stable.api_url, canary.api_url]) for code in batch]
-                assert codes == [200] * len(codes), f"load failed: {codes}"
+                    stable_codes, canary_codes = pool.map(lambda url: send_load(url, requests=16, concurrency=4),
+                                                          [stable.api_url, canary.api_url])
+                assert set(stable_codes) == {200}, f"stable load failed: {stable_codes}"
+                assert 200 in canary_codes and 500 in canary_codes and set(canary_codes) <= {200, 500}, canary_codes
                 story.join(timeout=60)
                 # two more scrapes, so the last counters and gauges are stored
                 asked = time.time()
@@ -161,6 +164,18 @@ def annotation_marks(scraped: Scraped, name: str) -> list[float]:
 
 def first_sample(scraped: Scraped, selector: str) -> float:
     return min(t for _, values in scraped.prom.samples(selector, "5m") for t, _ in values)
+
+
+def test_error_rate_lines_show_the_canarys_failures(scraped: Scraped) -> None:
+    """The rollout dashboard's error-rate panel: the faulty canary's line rises above 0, stable's stays 0."""
+    rollout = DASHBOARD_JSON["rollout.json"]
+    panel = next(p for p in rollout["panels"] if p["title"] == "Error rate")
+    peaks = {}
+    for target in panel["targets"]:
+        values = range_values(scraped.prom, interpolate(target["expr"], grafana_values(rollout)),
+                              scraped.load_start, scraped.load_end)
+        peaks[target["legendFormat"]] = max(v for v in values if math.isfinite(v))
+    assert peaks["stable"] == 0.0 and 0.0 < peaks["canary"] <= 1.0, peaks
 
 
 def test_verdict_annotations_follow_their_own_verdict(scraped: Scraped) -> None:
