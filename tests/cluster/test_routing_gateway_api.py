@@ -53,7 +53,7 @@ def _owner(kube, ns: str) -> dict[str, Any]:  # type: ignore[no-untyped-def]
                 "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
                 "num_hidden_layers": 2, "num_key_value_heads": 2, "vocab_size": 256, "torch_dtype": "bfloat16"}},
                      "strategy": {"kvCacheDtype": "bf16", "maxSeqLen": 256},
-                     "resources": {"gpus": 1}, "replicas": 1, "engine": {"image": "kvpilot:test"}}}
+                     "resources": {"gpus": 1, "gpuProduct": "NVIDIA-H200"}, "replicas": 1, "engine": {"image": "kvpilot:test"}}}
     for _ in range(50):  # the CRD may take a moment to serve after the apply
         try:
             return kube.request("POST", f"/apis/kvpilot.io/v1alpha1/namespaces/{ns}/inferenceservices", body=body)
