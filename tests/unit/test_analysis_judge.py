@@ -76,6 +76,13 @@ def test_missing_figure_is_inconclusive_not_a_pass() -> None:
     assert result.check("tpotP95Ratio").ok is None and "no data" in result.message
 
 
+def test_zero_minimum_efficiency_turns_that_check_off() -> None:
+    idle = dataclasses.replace(HEALTHY, kv_cache_efficiency=None)
+    assert run(idle).verdict == "inconclusive"
+    result = run(idle, t=Thresholds(min_kv_cache_efficiency=0))
+    assert result.verdict == "pass" and "not checked" in result.check("kvCacheEfficiency").message
+
+
 def test_breach_outranks_missing_data() -> None:
     result = run(dataclasses.replace(HEALTHY, tpot_p95=None, error_rate=0.5))
     assert result.verdict == "fail" and result.reason == "ErrorRateBreached"

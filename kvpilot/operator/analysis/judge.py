@@ -52,6 +52,17 @@ def _limit_check(name: str, label: str, canary: float | None, stable: float | No
                  f"{label} canary {canary:.4g} {relation} {limit:g} (stable {_fmt(stable)})")
 
 
+def _efficiency_check(canary: Figures, stable: Figures, minimum: float) -> Check:
+    """minKvCacheEfficiency 0 turns the check off: the gauges are 0/0 (no data) whenever no scrape in
+    the window caught a live sequence, and a limit that cannot fail should not block on that."""
+    if minimum <= 0:
+        return Check("kvCacheEfficiency", canary.kv_cache_efficiency, stable.kv_cache_efficiency, minimum, True,
+                     f"KV cache efficiency not checked (minKvCacheEfficiency 0); canary "
+                     f"{_fmt(canary.kv_cache_efficiency)}, stable {_fmt(stable.kv_cache_efficiency)}")
+    return _limit_check("kvCacheEfficiency", "KV cache efficiency", canary.kv_cache_efficiency,
+                        stable.kv_cache_efficiency, minimum, upper=False)
+
+
 def _camel_upper(name: str) -> str:
     return name[0].upper() + name[1:]
 
@@ -67,8 +78,7 @@ def checks_for(canary: Figures, stable: Figures, t: Thresholds) -> tuple[Check, 
         _ratio_check("tpotP95Ratio", "P95 TPOT", canary.tpot_p95, stable.tpot_p95, t.max_tpot_p95_ratio),
         limit("fallbackRate", "fallbacks per request", canary.fallbacks_per_request,
               stable.fallbacks_per_request, t.max_fallback_rate),
-        limit("kvCacheEfficiency", "KV cache efficiency", canary.kv_cache_efficiency,
-              stable.kv_cache_efficiency, t.min_kv_cache_efficiency, upper=False),
+        _efficiency_check(canary, stable, t.min_kv_cache_efficiency),
         limit("preemptionRate", "preemptions per request", canary.preemptions_per_request,
               stable.preemptions_per_request, t.max_preemption_rate),
     )

@@ -8,7 +8,7 @@
 | maxErrorRate | 0.01 | failed / (finished + failed) |
 | maxRestarts | 0 | engine restarts in the window; also the limit for OOM events |
 | maxFallbackRate | 0.05 | runtime-validation fallbacks per request |
-| minKvCacheEfficiency | 0.5 | live / allocated KV token slots over the window (all canary pods) |
+| minKvCacheEfficiency | 0.5 | live / allocated KV token slots over the window (all canary pods); 0 turns the check off |
 | maxPreemptionRate | 0.1 | preemptions per request |
 | maxAccuracyDelta | 0.05 | probe-set mean log-likelihood per token, stable - canary (nats; 0.05 ~ +5% perplexity) |
 | probeSet | none | ConfigMap with the probes; none -> no accuracy gate |
