@@ -13,14 +13,13 @@ from kvpilot.operator import constants as c
 from kvpilot.operator.builders import (
     build_api_service,
     build_deployment,
-    build_lineage_configmap,
     build_metrics_service,
     build_podmonitor,
 )
-from kvpilot.operator.builders.common import lineage_name
 from kvpilot.operator.builders.engine_args import UnsupportedModelUri, model_path
 from kvpilot.operator.conditions import CAPACITY_PLANNED, DEGRADED, MONITORING, Condition, get_condition
 from kvpilot.operator.kube import Kube, KubeError, object_path
+from kvpilot.operator.lineage_writer import apply_lineage
 from kvpilot.operator.model_config import ModelConfigUnavailable, load_model_config
 from kvpilot.operator.preflight import preflight
 from kvpilot.operator.rollout_state import rollout_state
@@ -85,9 +84,7 @@ def reconcile(ctx: Context, body: Mapping[str, Any]) -> CapacityPlan:
 
 def _apply_children(ctx: Context, body: Mapping[str, Any], spec: ServiceSpec,
                     plan: CapacityPlan) -> tuple[dict[str, Any], Condition]:
-    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-    live_lineage = ctx.kube.get(object_path("v1", "ConfigMap", namespace, lineage_name(name)))
-    ctx.kube.apply(build_lineage_configmap(body, spec, plan, live_lineage))
+    apply_lineage(ctx.kube, body, spec, plan)
     deployment = ctx.kube.apply(build_deployment(body, spec, plan))
     ctx.kube.apply(build_api_service(body))
     ctx.kube.apply(build_metrics_service(body))

@@ -211,7 +211,8 @@ def env(k8s_cluster, gateway_api, tmp_path_factory) -> Iterator[dict[str, Any]]:
     finally:
         if operator is not None:
             operator.stop()
-            print("---- operator log (tail) ----\n" + operator.text()[-6000:])
+            lines = [ln for ln in operator.text().splitlines() if not ln.endswith(" succeeded.")]
+            print("---- operator log (tail, without handler successes) ----\n" + "\n".join(lines[-150:]))
         if prom is not None:
             prom.stop()
         fleet.stop()
@@ -353,12 +354,14 @@ def test_healthy_canary_promotes_1_5_100_with_route_status_and_lineage(env: dict
     wait_for(lambda: "int8" in engine_args(deployment(env, f"{name}-stable")), "stable runs int8", 30)
     assert deployment(env, f"{name}-canary") is None
     lin = lineage(env, name)["stable"]
+    assert lin["previous"] is not None, lineage(env, name)
     assert "int8" in lin["current"]["strategy"] and "bf16" in lin["previous"]["strategy"]
     assert lin["previous"]["sha256"] == env["digest"] and lin["previous"]["spec"]["strategy"]["kvCacheDtype"] == "bf16"
     assert stable.spec.strategy.rolling_update.max_unavailable in (0, "0")
     reasons = [r for r, _ in events(env, name)]
     assert {"CanaryStarted", "AnalysisPassed", "Promoting", "Promoted"} <= set(reasons), reasons
-    metrics = env["operator"].metrics()
+    metrics = "\n".join(ln for ln in env["operator"].metrics().splitlines() if ln.startswith("kvpilot_rollout_")
+                        and f'service="{name}"' in ln)
     assert f'kvpilot_rollout_promotions_total{{namespace="{env["ns"]}",service="{name}"}} 1.0' in metrics
     assert f'kvpilot_rollout_phase{{namespace="{env["ns"]}",service="{name}",phase="Promoted"}} 1.0' in metrics
     view = subprocess.run([sys.executable, "-m", "kvpilot.kubectl_plugin", "rollout", "status", name, "-n", env["ns"],

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from kvpilot.operator.builders import (
     build_deployment,
-    build_lineage_configmap,
     build_track_service,
     read_lineage,
 )
 from kvpilot.operator.builders.common import deployment_name, lineage_name
 from kvpilot.operator.canary.observe import Observation
 from kvpilot.operator.kube import object_path
+from kvpilot.operator.lineage_writer import apply_lineage
 from kvpilot.operator.reconciler import Context, reconcile
 from kvpilot.operator.rollout import (
     Action,
@@ -27,6 +28,8 @@ from kvpilot.operator.rollout import (
 )
 from kvpilot.operator.status_writer import write_status
 from kvpilot.operator.tracks import canary_dicts, make_override
+
+log = logging.getLogger(__name__)
 
 
 class ActionFailed(RuntimeError):
@@ -68,10 +71,8 @@ def _scale_canary(ctx: Context, body: Mapping[str, Any], obs: Observation, repli
             return
         raise ActionFailed("the canary has no capacity plan")
     spec = dataclasses.replace(obs.canary, replicas=replicas)
-    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     if replicas:
-        live = ctx.kube.get(object_path("v1", "ConfigMap", namespace, lineage_name(name)))
-        ctx.kube.apply(build_lineage_configmap(body, spec, obs.canary_plan, live, track="canary"))
+        apply_lineage(ctx.kube, body, spec, obs.canary_plan, track="canary")
     ctx.kube.apply(build_deployment(body, spec, obs.canary_plan, track="canary"))
     ctx.kube.apply(build_track_service(body, "canary"))
 
@@ -86,4 +87,6 @@ def _restamp_stable(ctx: Context, body: Mapping[str, Any], override: dict[str, A
     write_status(ctx.kube, meta["namespace"], meta["name"], update)
     fresh = ctx.kube.get(object_path(body["apiVersion"], body["kind"], meta["namespace"], meta["name"]))
     if fresh is not None:
-        reconcile(ctx, fresh)
+        plan = reconcile(ctx, fresh)
+        log.info("[%s/%s] stable track now runs %s (%s)", meta["namespace"], meta["name"], plan.strategy,
+                 override["reason"])

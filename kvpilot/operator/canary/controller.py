@@ -140,6 +140,7 @@ def _persist(ctx: Context, body: Mapping[str, Any], obs: Observation, old: Canar
 
     write_status(ctx.kube, meta["namespace"], meta["name"], update)
     _count(meta["namespace"], meta["name"], old, decision.status)
+    _record_metrics(meta["namespace"], meta["name"], decision.status)
     return ctx.kube.get(object_path(c.API_VERSION, c.KIND, meta["namespace"], meta["name"]))
 
 
