@@ -287,6 +287,17 @@ def deployment(env: dict[str, Any], name: str) -> Any:
         raise
 
 
+def operator_metric(env: dict[str, Any], name: str, labels: dict[str, str]) -> float | None:
+    """One sample of the operator's /metrics, parsed (label order in the text is the client's choice)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(env["operator"].metrics()):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
+    return None
+
+
 def engine_args(dep: Any) -> list[str]:
     return next(c for c in dep.spec.template.spec.containers if c.name == "engine").args
 
@@ -360,10 +371,11 @@ def test_healthy_canary_promotes_1_5_100_with_route_status_and_lineage(env: dict
     assert stable.spec.strategy.rolling_update.max_unavailable in (0, "0")
     reasons = [r for r, _ in events(env, name)]
     assert {"CanaryStarted", "AnalysisPassed", "Promoting", "Promoted"} <= set(reasons), reasons
-    metrics = "\n".join(ln for ln in env["operator"].metrics().splitlines() if ln.startswith("kvpilot_rollout_")
-                        and f'service="{name}"' in ln)
-    assert f'kvpilot_rollout_promotions_total{{namespace="{env["ns"]}",service="{name}"}} 1.0' in metrics
-    assert f'kvpilot_rollout_phase{{namespace="{env["ns"]}",service="{name}",phase="Promoted"}} 1.0' in metrics
+    labels = {"namespace": env["ns"], "service": name}
+    assert operator_metric(env, "kvpilot_rollout_promotions_total", labels) == 1
+    assert operator_metric(env, "kvpilot_rollout_phase", {**labels, "phase": "Promoted"}) == 1
+    assert operator_metric(env, "kvpilot_rollout_phase", {**labels, "phase": "Progressing"}) == 0
+    assert operator_metric(env, "kvpilot_rollout_analysis_total", {**labels, "verdict": "pass"}) == 2
     view = subprocess.run([sys.executable, "-m", "kvpilot.kubectl_plugin", "rollout", "status", name, "-n", env["ns"],
                            "--kubeconfig", str(env["kubeconfig"])], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"})
