@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: test install controlplane lint pytest demo clean
+.PHONY: test install controlplane lint pytest demo clean chart chart-crds chart-dashboards images
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,25 @@ pytest: install
 	if [ $$rc -eq 5 ]; then echo "pytest: no tests collected (exit 5), not a failure"; rc=0; fi; exit $$rc
 
 test: install controlplane lint pytest
+
+# The chart ships copies of crds/ and dashboards/ (helm reads only files inside the chart);
+# tests/cluster/test_chart.py fails when they drift: run `make chart` after changing either.
+CHART := charts/kvpilot
+chart: chart-crds chart-dashboards
+
+chart-crds:
+	mkdir -p $(CHART)/crds
+	rm -f $(CHART)/crds/*.yaml
+	cp crds/*.yaml $(CHART)/crds/
+
+chart-dashboards:
+	rm -rf $(CHART)/dashboards
+	if compgen -G 'dashboards/*.json' >/dev/null; then mkdir -p $(CHART)/dashboards && cp dashboards/*.json $(CHART)/dashboards/; fi
+
+# Both container images, daemonless (mmdebstrap + crane, as root), into build/images/ as
+# `docker load`-able tarballs; each is smoke-run in its unpacked root filesystem (images/README.md).
+images: controlplane
+	$(PY) -m kvpilot.images operator engine
 
 demo: install
 	$(VENV)/bin/kvpilot demo

@@ -20,7 +20,7 @@ over the MEDIAN such step (`decode_tokens_per_s_mean` over their mean;
 old definition without compiles); per step, the GPU span of the model forward (CUDA events) and
 host = step - that span are reported as medians.
 `--cuda-graphs` sets EngineConfig.cuda_graphs: decode-only steps replay captured graphs where the
-cache allows (kvpilot/engine/cuda_graphs.py: bf16, int8 and fp8 here; auto stays eager), and the
+cache allows (kvpilot/engine/worker/cuda_graphs.py: bf16, int8 and fp8 here; auto stays eager), and the
 GPU span of a replayed step covers the static-input copies and the replay.
 CUDA only (the device machine).
 """

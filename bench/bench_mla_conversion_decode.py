@@ -8,7 +8,7 @@ is measured, and on a CPU it would dominate), so every timed step is a pure deco
 - `exact`: the checkpoint's own attention over a K/V cache (paged_attention_decode);
 - `mla-decompress`: the conversion with `batched_decode = False`, each sequence's whole context
   decompressed to K and V every step (the decode before this script);
-- `mla-absorbed`: the conversion's decode (strategies/mla_conversion_decode.py).
+- `mla-absorbed`: the conversion's decode (strategies/mla/decode.py).
 Per step: wall time of LLMEngine.step() and of the model forward inside it (medians of --steps steps
 after --warmup), milliseconds.
 

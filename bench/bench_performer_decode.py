@@ -10,7 +10,7 @@ Paths:
 - `softmax`: the checkpoint's own attention over the whole K/V cache (paged_attention_decode);
 - `performer-loop`: the conversion with `batched_decode = False`, one sequence at a time with host
   syncs (the decode before this script);
-- `performer-batched`: the conversion's batched decode (performer_attention._decode_batched).
+- `performer-batched`: the conversion's batched decode (strategies/linear/attention._decode_batched).
 Per step: wall time of LLMEngine.step() and of the model forward inside it (medians of --steps steps
 after --warmup), milliseconds, and decode tokens/s (batch / step time).
 `--layer-only`: one PerformerAttention layer's decode forward alone (same shapes, random paged cache
@@ -33,12 +33,12 @@ from typing import Any
 import torch
 
 from bench.decode_harness import run_grid
-from kvpilot.engine.attention import Attention
 from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.context import Context, reset_context, set_context
+from kvpilot.engine.layers.attention import Attention
 from kvpilot.engine.llm_engine import LLMEngine
-from kvpilot.engine.performer_attention import PerformerAttention
-from kvpilot.engine.strategies.performer import draw_features
+from kvpilot.engine.strategies.linear.attention import PerformerAttention
+from kvpilot.engine.strategies.linear.features import draw_features
 
 PATHS = ("softmax", "performer-loop", "performer-batched")
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
+from kvpilot.engine.core.sequence import SequenceStatus
 from kvpilot.engine.llm_engine import LLMEngine
 from kvpilot.engine.make_model import make_model
 from kvpilot.engine.sampling_params import SamplingParams
-from kvpilot.engine.sequence import SequenceStatus
 
 
 def admit_computed(engine: LLMEngine, batch: int, context: int, max_tokens: int, fill_cache: bool = True) -> None:

@@ -12,6 +12,9 @@ variant is checked against the fp32 reference before it is timed. Rows:
   head-major = [blocks, Hkv, page, D] (each block's head a contiguous page x D run), passed as a
   strided view so the kernel code is the same; `kt` = scores as K @ q^T (the 8-bit tile is the
   register A operand of the MMA) instead of q @ K^T.
+
+The variant kernels copy the body of kernels/kv_quant/decode.py on purpose: each experiment edits
+its own copy, so the shipped kernel never carries experiment switches. Port a winner back by hand.
 """
 
 # Each timing closure is called at once, inside the loop that defines it, so late binding is harmless.

@@ -3,7 +3,7 @@
     python bench/train_tiny.py /tmp/tiny-trained --minutes 3
     python bench/perplexity.py /tmp/tiny-trained [--windows 8 --length 512 --device cpu]
 
-Teacher-forced scoring through the serving path (kvpilot/engine/paged_scoring.py): each held-out
+Teacher-forced scoring through the serving path (kvpilot/engine/worker/scoring.py): each held-out
 window of `length` tokens is fed through the paged cache in block-sized chunks, so 8-bit K/V,
 eviction and the Performer summary act on it exactly as they do in serving (`engine.score()`'s
 dense path would not see them). Perplexity = exp(mean negative log-likelihood over all scored
@@ -24,7 +24,7 @@ import torch
 
 from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.llm_engine import LLMEngine
-from kvpilot.engine.paged_scoring import score_paged
+from kvpilot.engine.worker.scoring import score_paged
 
 
 def strategies(heads_kv: int, head_dim: int, length: int) -> list[tuple[str, dict[str, Any]]]:
@@ -64,7 +64,7 @@ def heldout_windows(model_dir: Path, tokenizer, length: int, count: int) -> list
 def perplexity(engine: LLMEngine, windows: list[list[int]]) -> float:
     nll, n = 0.0, 0
     for w in windows:
-        logprobs = score_paged(engine, w[:1], w[1:])
+        logprobs = score_paged(engine.runner, engine.block_manager, engine.evictor, w[:1], w[1:])
         nll -= sum(logprobs)
         n += len(logprobs)
     return math.exp(nll / n)

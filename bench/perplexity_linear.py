@@ -28,6 +28,13 @@ def pieces(model_dir: Path, context: int, max_pieces: int) -> list[list[int]]:
     return out[:max_pieces]
 
 
+def print_summary(chunks: list[list[int]], context: int, started: float, rows: list[dict]) -> None:
+    """The run's one JSON line: pieces, scored tokens, wall seconds and the result rows."""
+    tokens = len(chunks) * (context - 1)
+    summary = {"pieces": len(chunks), "tokens": tokens, "seconds": time.monotonic() - started, "rows": rows}
+    print(json.dumps(summary))
+
+
 def perplexity(llm: LLM, chunks: list[list[int]]) -> float:
     nll, count = 0.0, 0
     for chunk in chunks:
@@ -56,12 +63,7 @@ def main() -> None:
             ppl = perplexity(llm, chunks)
             rows.append({"attention": "linear", "window": window, "features": m, "ppl": ppl,
                          "delta_pct": 100 * (ppl / exact - 1)})  # fmt: skip
-    tokens = len(chunks) * (args.context - 1)
-    print(
-        json.dumps(
-            {"pieces": len(chunks), "tokens": tokens, "seconds": time.monotonic() - started, "rows": rows}
-        )
-    )
+    print_summary(chunks, args.context, started, rows)
     for r in rows:
         print(f"{r['attention']:6} window={r['window']!s:>5} features={r['features']!s:>4} "
               f"ppl={r['ppl']:.3f} ({r['delta_pct']:+.1f}%)")  # fmt: skip

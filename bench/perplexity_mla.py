@@ -12,32 +12,28 @@ the reconstruction error logged at load.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from pathlib import Path
 
 import torch
 
-from kvpilot.engine.context import Context, reset_context, set_context
+from kvpilot.engine.context import dense_context
 from kvpilot.engine.llm import LLM
 
 try:
-    from bench.perplexity_linear import pieces
+    from bench.perplexity_linear import pieces, print_summary
 except ImportError:  # run as a script from bench/
-    from perplexity_linear import pieces  # type: ignore[no-redef]
+    from perplexity_linear import pieces, print_summary  # type: ignore[no-redef]
 
 
 @torch.inference_mode()
 def logits(llm: LLM, tokens: list[int]) -> torch.Tensor:
     runner = llm.engine.runner
-    set_context(Context(dense=True))
-    try:
+    with dense_context():
         hidden = runner.model(
             torch.tensor(tokens, device=runner.device), torch.arange(len(tokens), device=runner.device)
         )
-    finally:
-        reset_context()
     return runner.model.compute_logits(hidden).float()
 
 
@@ -79,12 +75,7 @@ def main() -> None:
         err = llm.engine.stats()["engine"]["mla"]["reconstruction_error"]
         rows.append({"latent_rank": rank, "ppl": res["ppl"], "delta_pct": 100 * (res["ppl"] / base["ppl"] - 1),
                      "cosine": res["cosine"], "top1": res["top1"], "error": err})  # fmt: skip
-    tokens = len(chunks) * (args.context - 1)
-    print(
-        json.dumps(
-            {"pieces": len(chunks), "tokens": tokens, "seconds": time.monotonic() - started, "rows": rows}
-        )
-    )
+    print_summary(chunks, args.context, started, rows)
     for r in rows:
         print(f"latent_rank={r['latent_rank']!s:>5} ppl={r['ppl']:.3f} ({r['delta_pct']:+.1f}%) "
               f"cos={r['cosine']:.4f} top1={r['top1']:.3f} err={r['error']:.3f}")  # fmt: skip

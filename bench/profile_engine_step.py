@@ -37,7 +37,7 @@ from kvpilot.engine.llm_engine import LLMEngine
 from kvpilot.engine.make_model import make_model
 
 # pstats restriction: kvpilot's engine files except the model, its attention layers and kernels
-HOST_CODE = r"kvpilot/engine/(?!kernels/|models/|attention\.py|kv_quant_cache\.py|mla_attention\.py)"
+HOST_CODE = r"kvpilot/engine/(?!kernels/|models/|layers/|strategies/kv_quant/layer\.py)"
 
 
 class StepTimer:

@@ -8,7 +8,7 @@ import sys
 
 # name -> (module, one-line help). A module defines `add_arguments(parser)` and `run(args) -> int`.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("kvpilot.engine.cli_serve", "run the inference engine with its OpenAI-compatible API"),
+    "serve": ("kvpilot.engine.server.cli", "run the inference engine with its OpenAI-compatible API"),
     "digest": ("kvpilot.checkpoint_digest", "print a checkpoint's SHA256 digest (for serve --model-sha256)"),
     "plan": ("kvpilot.planner.cli", "print the KV capacity plan for a model config and GPU"),
     "make-model": ("kvpilot.engine.make_model", "write a small random checkpoint and tokenizer"),
@@ -17,6 +17,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cluster": ("kvpilot.cluster.cli", "start/stop a local control plane with fake GPU nodes"),
     "demo": ("kvpilot.demo", "the end-to-end demo"),
 }
+# The pyproject extra whose packages a command imports (an image installs only some extras).
+EXTRAS: dict[str, str] = {"serve": "engine", "make-model": "engine", "sidecar": "sidecar", "operator": "operator",
+                          "demo": "all"}
 
 
 def _top_parser() -> argparse.ArgumentParser:
@@ -49,11 +52,28 @@ def main(argv: list[str] | None = None) -> int:
         if exc.name and module_name.startswith(exc.name):
             print(f"kvpilot: the '{name}' command is not available in this build", file=sys.stderr)
             return 2
+        if _missing_extra(name, exc):
+            return 2
         raise
     parser = argparse.ArgumentParser(prog=f"kvpilot {name}", description=help_text)
     module.add_arguments(parser)
     args = parser.parse_args(rest)
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except ModuleNotFoundError as exc:  # commands import their heavy dependencies lazily
+        if _missing_extra(name, exc):
+            return 2
+        raise
+
+
+def _missing_extra(command: str, exc: ModuleNotFoundError) -> bool:
+    """Name the extra to install when a third-party module of `command` is missing."""
+    if not exc.name or exc.name.startswith("kvpilot") or command not in EXTRAS:
+        return False
+    extra = EXTRAS[command]
+    print(f"kvpilot: the '{command}' command needs the '{extra}' extra (module {exc.name!r} is not "
+          f"installed): pip install 'kvpilot[{extra}]'", file=sys.stderr)
+    return True
 
 
 if __name__ == "__main__":

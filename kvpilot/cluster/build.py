@@ -68,6 +68,9 @@ COMPONENTS: tuple[Component, ...] = (
     ),
     Component("kwok", "kwok", "sigs.k8s.io/kwok", {"kwok": "sigs.k8s.io/kwok/cmd/kwok"}),
     Component("helm", "helm", "helm.sh/helm/v4", {"helm": "helm.sh/helm/v4/cmd/helm"}, ("version", "--short")),
+    # Not a control-plane component: crane assembles the container images without a daemon (`make images`).
+    Component("crane", "crane", "github.com/google/go-containerregistry",
+              {"crane": "github.com/google/go-containerregistry/cmd/crane"}, ("version",)),
 )
 
 
@@ -133,6 +136,8 @@ def build_command(component: Component, out_dir: Path, tools_dir: Path = TOOLS_D
         ldflags += _kubernetes_ldflags(version)
     elif component.name == "helm":
         ldflags.append(f"-X helm.sh/helm/v4/internal/version.version={version}")
+    elif component.name == "crane":
+        ldflags.append(f"-X github.com/google/go-containerregistry/cmd/crane/cmd.Version={version}")
     packages = list(component.binaries.values())
     output = f"{out_dir}/" if len(packages) > 1 else str(out_dir / next(iter(component.binaries)))
     return ["nice", "-n", "10", "go", "build", "-trimpath", "-ldflags", " ".join(ldflags), "-o", output, *packages]

@@ -9,17 +9,15 @@ from typing import Any
 import torch
 
 from kvpilot.engine.config import EngineConfig, ModelConfig
-from kvpilot.engine.engine_stats import EngineStats, build_feed
-from kvpilot.engine.kv_wiring import apply_kv_stats, build_block_manager
-from kvpilot.engine.linear_check import add_linear_checks
-from kvpilot.engine.mla_check import add_mla_checks
-from kvpilot.engine.model_runner import ModelRunner
-from kvpilot.engine.paged_scoring import score_paged
-from kvpilot.engine.runtime_checks import RuntimeChecks
+from kvpilot.engine.core.scheduler import Scheduler
+from kvpilot.engine.core.sequence import Sequence
+from kvpilot.engine.metrics.stats import EngineStats, build_feed
 from kvpilot.engine.sampling_params import SamplingParams
-from kvpilot.engine.scheduler import Scheduler
-from kvpilot.engine.sequence import Sequence
+from kvpilot.engine.step_hooks import StepHooks
+from kvpilot.engine.strategies.kv_quant.pools import apply_kv_stats, build_block_manager
 from kvpilot.engine.tokenizer import Tokenizer
+from kvpilot.engine.worker.model_runner import ModelRunner
+from kvpilot.engine.worker.scoring import score_paged
 
 
 @dataclass
@@ -49,7 +47,7 @@ class LLMEngine:
         self.tokenizer = Tokenizer(config.model, self.model_config.eos_token_ids)
         self.runner = ModelRunner(config, self.model_config)
         self.max_model_len = self._max_model_len()
-        self.block_manager = build_block_manager(  # kv_wiring.py: two pools under kv_cache_dtype=auto switching
+        self.block_manager = build_block_manager(  # two pools under kv_cache_dtype=auto switching
             config,
             self.runner,
             # a recurrent state cannot start from a cached prefix: it is built from token 0
@@ -63,9 +61,9 @@ class LLMEngine:
             enable_chunked_prefill=config.enable_chunked_prefill,
             eos_token_ids=self.tokenizer.eos_token_ids,
         )
-        self.checks = RuntimeChecks(self)  # runtime_checks.py: eviction, validation, head utilisation
-        add_linear_checks(self)  # linear_check.py: validation of the Performer conversion
-        add_mla_checks(self)  # mla_check.py: validation of the MLA conversion (exact K/V, dense)
+        self.checks = StepHooks(  # eviction, runtime validation, head utilisation
+            config, self.runner, self.block_manager, self.scheduler, self.max_model_len, self._requeue
+        )
         self.evictor = self.checks.evictor
         self.stats_state = EngineStats()
         self._seqs: dict[str, Sequence] = {}
@@ -73,10 +71,15 @@ class LLMEngine:
         self._pending: list[RequestOutput] = []
         self.ready = True
 
+    def _requeue(self, seq: Sequence) -> None:
+        """Recompute a running sequence from token 0 (runtime validation's fallback); its state goes too."""
+        if self.scheduler.requeue(seq):
+            self.runner.release_state(seq.request_id)
+
     def _max_model_len(self) -> int:
         mc = self.model_config
         limits = [mc.max_position_embeddings, min(self.runner.kv_pool_sizes) * self.config.block_size]
-        if self.config.eviction != "none":  # eviction.py bounds each sequence's resident blocks instead
+        if self.config.eviction != "none":  # the eviction policy bounds each sequence's resident blocks instead
             limits.pop()
         if self.config.max_model_len is not None:
             limits.append(self.config.max_model_len)
@@ -190,7 +193,7 @@ class LLMEngine:
         if any(not 0 <= t < vocab for t in [*prompt_token_ids, *continuation_token_ids]):
             raise ValueError(f"token ids must be in [0, {vocab})")
         if self.evictor is not None:  # scoring must see what serving sees: the evicted view
-            return score_paged(self, prompt_token_ids, continuation_token_ids)
+            return score_paged(self.runner, self.block_manager, self.evictor, prompt_token_ids, continuation_token_ids)
         return self.runner.score(prompt_token_ids, continuation_token_ids)
 
     def reset_stats(self) -> None:
@@ -215,11 +218,11 @@ class LLMEngine:
         }
         info = {
             "model": self.config.model,
-            "strategy": self.config.strategy,
+            "strategy": self.config.attention,
             "device": runner.device.type,
             "ready": self.ready,
             "kv_cache_dtype": str(runner.kv_dtype).removeprefix("torch."),
-            "mla": runner.mla.stats(),  # mode, latent width, SVD reconstruction error (mla_strategy.py)
+            "mla": runner.mla.stats(),  # mode, latent width, SVD reconstruction error
         }
         feed = build_feed(
             self.stats_state, info, self.block_manager, self.scheduler, runner.bytes_per_block, memory

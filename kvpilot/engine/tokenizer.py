@@ -42,7 +42,9 @@ class Tokenizer:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=True).ids
+        # encode_batch releases the GIL while it works (encode does not): a long prompt tokenised on
+        # the server's CPU pool then cannot stall the event loop.
+        ids = self._tok.encode_batch([text], add_special_tokens=True)[0].ids
         if self.add_bos_token and self.bos_token_id is not None and (not ids or ids[0] != self.bos_token_id):
             ids = [self.bos_token_id, *ids]
         return ids

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from kvpilot.engine import stats_contract as contract
+from kvpilot.engine.metrics import stats_contract as contract
 from kvpilot.sidecar.adapters import ADAPTERS
 from kvpilot.sidecar.schema import ENGINE_DERIVED, SCHEMA, MetricSpec
 
@@ -45,6 +45,11 @@ def metrics_markdown() -> str:
         "- When the engine cannot be read, only `kvpilot_engine_up 0`, `kvpilot_engine_restarts_total` "
         "and `kvpilot_engine_scrape_duration_seconds` (and the GPU families) are served; engine-derived "
         "families disappear, so Prometheus marks them stale rather than storing old values as new.",
+        "- The same holds while the engine's snapshot is older than `--max-stats-age` (5 s; its engine "
+        "thread is busy): `kvpilot_engine_up` stays 1 and `kvpilot_engine_stats_age_seconds` says how old "
+        "the snapshot is, but no engine figure is passed off as current.",
+        "- The sidecar binds `127.0.0.1` unless `--host` says otherwise; the operator passes the pod's IP "
+        "(`--host $(POD_IP)`). The `model` label is the served model's name, never a file path.",
         "- A gauge whose value does not apply yet (efficiency with no live sequence, the summary hit rate "
         "before the first linear-attention step, the cosine before the first validation) is left out, "
         "not exported as 0.",

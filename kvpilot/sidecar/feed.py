@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from kvpilot.engine import stats_contract as contract
+from kvpilot.engine.metrics import stats_contract as contract
 from kvpilot.sidecar.readings import HistogramValue, Readings
 from kvpilot.sidecar.schema import ENGINE_DERIVED, MetricSpec
 
@@ -72,9 +72,18 @@ def _summary_hit_rate(feed: dict[str, Any]) -> float | None:
     return _ratio(hits, hits + misses)
 
 
+AGE_METRIC = "kvpilot_engine_stats_age_seconds"
+
+
+def _label_value(label: str, value: Any) -> str:
+    text = str(value or "")
+    # A model given as a path must not put the node's filesystem layout into a label.
+    return text.rstrip("/").rsplit("/", 1)[-1] if label == "model" else text
+
+
 def _engine_info(feed: dict[str, Any], readings: Readings, spec: MetricSpec) -> None:
     engine = feed["engine"]
-    readings.put(spec.name, 1.0, tuple(str(engine.get(label) or "") for label in spec.labels))
+    readings.put(spec.name, 1.0, tuple(_label_value(label, engine.get(label)) for label in spec.labels))
 
 
 def _scalar(feed: dict[str, Any], readings: Readings, spec: MetricSpec) -> None:
@@ -129,4 +138,13 @@ def feed_readings(feed: Any) -> Readings:
             extractor(feed, readings, spec)
         except (KeyError, TypeError, ValueError) as exc:
             raise FeedError(f"stats feed field for {spec.name} ({spec.source}) is malformed: {exc}") from exc
+    age = feed.get("age_seconds")
+    if isinstance(age, int | float) and not isinstance(age, bool):
+        readings.put(AGE_METRIC, float(age))
     return readings
+
+
+def feed_age(readings: Readings) -> float | None:
+    """The snapshot's age the feed stated (None for feeds that state none)."""
+    value = readings.samples.get(AGE_METRIC, {}).get(())
+    return float(value) if isinstance(value, int | float) else None

@@ -89,6 +89,10 @@ HEALTH: tuple[MetricSpec, ...] = (
     _c("engine_restarts_total", "",
        "Engine restarts seen by this sidecar (changes of engine identity; up-down-up when the "
        "engine has no identity).", "sidecar: engine.instance_id changes", group="health"),
+    _g("engine_stats_age_seconds", "seconds",
+       "Age of the engine's stats snapshot at this scrape: the feed serves its last snapshot when "
+       "the engine thread is busy. Engine families are withheld while it exceeds --max-stats-age.",
+       "engine feed: age_seconds", group="health"),
     _g("engine_scrape_duration_seconds", "seconds",
        "Time this scrape spent reading and parsing the engine's stats.", "sidecar: timer",
        group="health"),

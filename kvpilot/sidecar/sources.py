@@ -8,7 +8,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from kvpilot.engine import stats_contract as contract
+from kvpilot.engine.metrics import stats_contract as contract
 from kvpilot.sidecar.adapters import ADAPTERS, Adapter, AdapterError, read_page
 from kvpilot.sidecar.feed import FeedError, feed_readings
 from kvpilot.sidecar.readings import Readings

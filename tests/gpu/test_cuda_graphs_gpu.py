@@ -14,9 +14,9 @@ import random
 import pytest
 
 from kvpilot.engine.config import EngineConfig
-from kvpilot.engine.cuda_graphs import graph_batch_sizes
-from kvpilot.engine.forced_logits import compare_logits, teacher_forced_logits
 from kvpilot.engine.llm_engine import LLMEngine
+from kvpilot.engine.worker.cuda_graphs import graph_batch_sizes
+from tests.helpers.forced_logits import compare_logits, teacher_forced_logits
 from tests.helpers.models import build_hf_checkpoint
 from tests.parity.helpers import engine_greedy
 

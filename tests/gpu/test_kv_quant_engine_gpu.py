@@ -14,8 +14,8 @@ import random
 import pytest
 
 from kvpilot.engine.config import EngineConfig
-from kvpilot.engine.forced_logits import compare_logits, teacher_forced_logits
 from kvpilot.engine.llm_engine import LLMEngine
+from tests.helpers.forced_logits import compare_logits, teacher_forced_logits
 from tests.helpers.models import build_hf_checkpoint
 from tests.parity.helpers import engine_greedy
 

@@ -1,10 +1,10 @@
-"""A stats feed shaped exactly as kvpilot/engine/stats_contract.py documents, for sidecar tests."""
+"""A stats feed shaped exactly as kvpilot/engine/metrics/stats_contract.py documents, for sidecar tests."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from kvpilot.engine import stats_contract as contract
+from kvpilot.engine.metrics import stats_contract as contract
 
 
 def make_feed(instance_id: str = "engine-a", **sections: Any) -> dict[str, Any]:
@@ -17,6 +17,7 @@ def make_feed(instance_id: str = "engine-a", **sections: Any) -> dict[str, Any]:
     e2e.observe(1.2)
     feed: dict[str, Any] = {
         "schema_version": contract.SCHEMA_VERSION,
+        "taken_at_seconds": 1_700_000_100.0, "age_seconds": 0.25,
         "engine": {"instance_id": instance_id, "model": "tiny-llama", "strategy": "gqa",
                    "device": "cpu", "start_time_seconds": 1_700_000_000.5, "ready": True,
                    "kv_cache_dtype": "bf16"},

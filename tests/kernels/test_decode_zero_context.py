@@ -1,4 +1,4 @@
-"""Decode rows with context length 0 (CUDA-graph padding, kvpilot/engine/cuda_graphs.py): zeros, no NaN.
+"""Decode rows with context length 0 (CUDA-graph padding, kvpilot/engine/worker/cuda_graphs.py): zeros, no NaN.
 
 A padded row attends to nothing; its output is discarded, but a NaN there must not appear (split
 reductions used to divide 0 by 0), and the real rows beside it must match the reference.

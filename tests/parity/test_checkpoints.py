@@ -11,9 +11,9 @@ from kvpilot.cli import main as cli_main
 from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.llm import LLM
 from kvpilot.engine.llm_engine import LLMEngine
-from kvpilot.engine.loader import WeightIntegrityError, sha256_file
+from kvpilot.engine.metrics.stats_contract import HISTOGRAM_KEYS, LATENCY_BUCKETS_SECONDS
 from kvpilot.engine.sampling_params import SamplingParams
-from kvpilot.engine.stats_contract import HISTOGRAM_KEYS, LATENCY_BUCKETS_SECONDS
+from kvpilot.engine.worker.loader import WeightIntegrityError, sha256_file
 from tests.helpers.models import hf_greedy
 
 pytestmark = pytest.mark.parity

@@ -93,10 +93,10 @@ def test_mtp_layer_is_skipped_and_generation_unchanged(checkpoints, caplog) -> N
     assert all(f"model.layers.{n}.{e}" in mtp for e in MTP_EXTRAS + MTP_HEAD)
     expected = generate(checkpoints["base"])
     assert_varied(expected)
-    with caplog.at_level(logging.INFO, logger="kvpilot.engine.loader"):
+    with caplog.at_level(logging.INFO, logger="kvpilot.engine.worker.loader"):
         got = generate(checkpoints["with_mtp"])
     assert got == expected
-    skipped = [r.getMessage() for r in caplog.records if r.name == "kvpilot.engine.loader"]
+    skipped = [r.getMessage() for r in caplog.records if r.name == "kvpilot.engine.worker.loader"]
     mtp_bytes = sum(t.numel() * t.element_size() for t in mtp.values())
     assert len(skipped) == 1, skipped
     assert f"skipped {len(mtp)} checkpoint tensors ({mtp_bytes} bytes" in skipped[0]

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvpilot.engine.eviction import EvictionPolicy
 from kvpilot.engine.llm_engine import LLMEngine
 from kvpilot.engine.sampling_params import SamplingParams
+from kvpilot.engine.strategies.eviction.policy import EvictionPolicy
 from tests.helpers.models import build_hf_checkpoint
 from tests.parity.helpers import engine_greedy, make_engine
 

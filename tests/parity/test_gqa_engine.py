@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from kvpilot.engine.config import EngineConfig
-from kvpilot.engine.forced_logits import compare_logits, teacher_forced_logits
-from kvpilot.engine.strategies.gqa_conversion import convert_state_dict_to_gqa
+from kvpilot.engine.strategies.gqa.convert import convert_state_dict_to_gqa
+from tests.helpers.forced_logits import compare_logits, teacher_forced_logits
 from tests.helpers.models import build_hf_checkpoint, hf_greedy
 from tests.parity.helpers import engine_greedy, make_engine, random_length_prompts
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvpilot.engine.forced_logits import compare_logits, teacher_forced_logits
 from kvpilot.engine.llm_engine import LLMEngine
+from tests.helpers.forced_logits import compare_logits, teacher_forced_logits
 from tests.helpers.models import build_hf_checkpoint
 from tests.parity.helpers import engine_greedy, make_engine, random_length_prompts
 

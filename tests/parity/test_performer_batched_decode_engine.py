@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kvpilot.engine.llm import LLM
-from kvpilot.engine.performer_attention import PerformerAttention
+from kvpilot.engine.strategies.linear.attention import PerformerAttention
 from tests.helpers.models import build_hf_checkpoint
 from tests.parity.helpers import greedy_ids
 

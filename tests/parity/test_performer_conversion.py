@@ -3,7 +3,7 @@
 - a window covering the whole context is exact softmax attention: same greedy tokens, same logits;
 - `disable_linear` serves the checkpoint's softmax attention unchanged;
 - the engine's chunked / preempted paths give exactly what one whole prefill gives (the summary is
-  folded and rebuilt correctly), and a layer equals the standalone oracle strategies/performer.py;
+  folded and rebuilt correctly), and a layer equals the standalone oracle strategies/linear/features.py;
 - with a short window the logits are compared with the exact ones: cosine and top-1 agreement are
   printed (`pytest -s`) and held to the bounds docs/strategies.md records.
 """
@@ -18,8 +18,8 @@ import torch
 
 from kvpilot.engine.context import Context, reset_context, set_context
 from kvpilot.engine.llm import LLM
-from kvpilot.engine.performer_attention import PerformerAttention
-from kvpilot.engine.strategies.performer import exact_causal_attention, performer_attention
+from kvpilot.engine.strategies.linear.attention import PerformerAttention
+from kvpilot.engine.strategies.linear.features import exact_causal_attention, performer_attention
 from tests.helpers.models import build_hf_checkpoint
 from tests.parity.helpers import dense_logits, greedy_ids
 
@@ -74,7 +74,7 @@ def test_chunked_and_preempted_summaries_equal_one_prefill(llama: str, engine_kw
 
 
 def _layer(window: int, features: torch.Tensor, heads: int = 4, kv_heads: int = 2) -> PerformerAttention:
-    from kvpilot.engine.attention import Attention
+    from kvpilot.engine.layers.attention import Attention
 
     base = Attention(heads, kv_heads, features.shape[2], features.shape[2] ** -0.5)
     return PerformerAttention(base, window, features)
@@ -101,7 +101,7 @@ def test_many_features_approach_exact_attention() -> None:
     gen = torch.Generator().manual_seed(1)
     t, d = 40, 16
     q, k, v = (0.5 * torch.randn(t, n, d, generator=gen) for n in (4, 2, 2))
-    from kvpilot.engine.strategies.performer import draw_features
+    from kvpilot.engine.strategies.linear.features import draw_features
 
     w = torch.stack([draw_features(4096, d, gen) for _ in range(2)])
     set_context(Context(dense=True))

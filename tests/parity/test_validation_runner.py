@@ -7,10 +7,10 @@ import logging
 import pytest
 import torch
 
+from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.llm_engine import LLMEngine
 from kvpilot.engine.sampling_params import SamplingParams
-from kvpilot.engine.sequence import Sequence
-from kvpilot.engine.validation_runner import DenseRecompute, is_sampled
+from kvpilot.engine.validation.runner import DenseRecompute, is_sampled
 from tests.helpers.models import build_hf_checkpoint
 from tests.parity.helpers import drain, engine_greedy, make_engine
 
@@ -63,8 +63,8 @@ def test_a_corrupted_approximation_plugs_in_and_falls_back(ckpt):
 
         name = "corrupted"
 
-        def __init__(self, eng):
-            super().__init__(eng)
+        def __init__(self, runner):
+            super().__init__(runner)
             self.fell_back: list[str] = []
 
         def applies(self, seq: Sequence) -> bool:
@@ -81,7 +81,7 @@ def test_a_corrupted_approximation_plugs_in_and_falls_back(ckpt):
             self.fell_back.append(seq.request_id)
 
     eng = engine(ckpt, validate_every=4, validation_sample_rate=1.0, validation_layer=0)
-    check = Corrupted(eng)
+    check = Corrupted(eng.runner)
     eng.checks.add_check(check)
     plain = generate(engine(ckpt), prompt_of(20), 12)
     assert generate(eng, prompt_of(20), 12) == plain  # validating never changes an exact path's tokens
@@ -111,7 +111,7 @@ def test_an_exact_side_out_of_memory_skips_the_check_and_serves_on(ckpt, caplog)
             raise AssertionError("a skipped check must not move the sequence")
 
     eng = engine(ckpt, validate_every=4, validation_sample_rate=1.0, validation_layer=0)
-    eng.checks.add_check(Exhausted(eng))
+    eng.checks.add_check(Exhausted(eng.runner))
     plain = generate(engine(ckpt), prompt_of(20), 12)
     with caplog.at_level("WARNING", logger="kvpilot.engine.validation"):
         assert generate(eng, prompt_of(20), 12) == plain

@@ -29,6 +29,13 @@ class FaultyEngine:
     def __init__(self, engine: Any) -> None:
         self._engine = engine
         self._step_poison: set[str] = set()
+        self.score_gate: threading.Event | None = None  # when set: score() waits for it
+        self.tokenizer = engine.tokenizer
+
+    def score(self, prompt_token_ids: list[int], continuation_token_ids: list[int]) -> list[float]:
+        if self.score_gate is not None:
+            assert self.score_gate.wait(30), "the test never released the score"
+        return self._engine.score(prompt_token_ids, continuation_token_ids)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
@@ -65,13 +72,39 @@ def gate() -> threading.Event:
     return threading.Event()
 
 
+class GatedTokenizer:
+    """The real tokenizer, except that encode() waits for `release` (10 s at most)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.finished = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tokenizer, name)
+
+    def encode(self, text: str) -> list[int]:
+        self.entered.set()
+        self.release.wait(10)
+        try:
+            return self._tokenizer.encode(text)
+        finally:
+            self.finished.set()
+
+
 @pytest.fixture
-def runtime(real_engine: Any, gate: threading.Event) -> Iterator[ServerRuntime]:
+def faulty(real_engine: Any) -> FaultyEngine:
+    return FaultyEngine(real_engine)
+
+
+@pytest.fixture
+def runtime(faulty: FaultyEngine, gate: threading.Event) -> Iterator[ServerRuntime]:
     """A runtime whose engine 'loads' until `gate` is set, then warms up like the real server."""
 
     def load() -> FaultyEngine:
         assert gate.wait(60), "the test never let the engine load"
-        return FaultyEngine(real_engine)
+        return faulty
 
     rt = ServerRuntime(ServerSettings(model_name=MODEL, strategy="test-strategy"), load, warm_up=warm_up)
     rt.start_loading()
@@ -178,3 +211,108 @@ async def test_a_failing_step_fails_the_new_request_not_the_running_ones(
     assert survivor.json()["usage"]["completion_tokens"] == 60
     assert survivor.json()["choices"][0]["text"] == undisturbed.json()["choices"][0]["text"]
     assert runtime.loop.step_failures == 1
+
+
+async def _ready(runtime: ServerRuntime, gate: threading.Event) -> None:
+    gate.set()
+    assert await asyncio.to_thread(runtime.wait_loaded, 120)
+
+
+async def test_tokenising_runs_off_the_event_loop(
+    runtime: ServerRuntime, gate: threading.Event, faulty: FaultyEngine
+) -> None:
+    # Finding 1: tokenisation on the event loop froze /health (and the stats feed) for 28 s.
+    await _ready(runtime, gate)
+    tokenizer = GatedTokenizer(faulty.tokenizer)
+    faulty.tokenizer = tokenizer
+    async with _client(runtime) as client:
+        pending = asyncio.create_task(client.post("/v1/completions", json=_completion("a long prompt")))
+        assert await asyncio.to_thread(tokenizer.entered.wait, 10)
+        health = await client.get("/health")
+        stats = await runtime.stats()
+        assert not tokenizer.finished.is_set(), "the event loop waited for the tokenizer"
+        assert health.status_code == 200 and stats is not None
+        assert runtime.admission.in_flight == 1  # its place is taken before tokenising: the CPU work is bounded
+        tokenizer.release.set()
+        assert (await pending).status_code == 200
+
+
+async def test_score_has_an_admission_limit(
+    runtime: ServerRuntime, gate: threading.Event, faulty: FaultyEngine
+) -> None:
+    # Finding 2: /v1/score accepted every request; 24 long scores stalled a running stream.
+    await _ready(runtime, gate)
+    faulty.score_gate = threading.Event()
+    body = {"model": MODEL, "prompt": "a b c", "continuation": " d"}
+    limit = runtime.settings.max_concurrent_scores
+    async with _client(runtime) as client:
+        held = [asyncio.create_task(client.post("/v1/score", json=body)) for _ in range(limit)]
+        while runtime.admission.scores_in_flight < limit:
+            await asyncio.sleep(0.01)
+        refused = await client.post("/v1/score", json=body)
+        assert refused.status_code == 429 and refused.headers["Retry-After"] == "1"
+        error = refused.json()["error"]
+        assert error["code"] == "queue_full" and f"--max-concurrent-scores {limit}" in error["message"]
+        faulty.score_gate.set()
+        assert [r.status_code for r in await asyncio.gather(*held)] == [200] * limit
+        assert runtime.admission.scores_in_flight == 0
+        assert (await client.post("/v1/score", json=body)).status_code == 200
+
+
+async def test_stats_feed_states_its_age_while_the_engine_is_busy(
+    runtime: ServerRuntime, gate: threading.Event, faulty: FaultyEngine
+) -> None:
+    # Finding 3: a busy engine thread made the feed serve its last snapshot as fresh.
+    await _ready(runtime, gate)
+    fresh = await runtime.stats()
+    assert fresh is not None and 0 <= fresh["age_seconds"] < 1.0
+    faulty.score_gate = threading.Event()  # a score holds the engine thread
+    async with _client(runtime) as client:
+        scoring = asyncio.create_task(
+            client.post("/v1/score", json={"model": MODEL, "prompt": "a", "continuation": " b"})
+        )
+        while runtime.admission.scores_in_flight < 1:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        stale = await runtime.stats()
+        assert stale is not None and stale["age_seconds"] >= 1.0  # the wait, at least
+        assert stale["taken_at_seconds"] <= fresh["taken_at_seconds"] + 0.5
+        faulty.score_gate.set()
+        assert (await scoring).status_code == 200
+    again = await runtime.stats()
+    assert again is not None and again["age_seconds"] < stale["age_seconds"]
+    assert again["engine"]["model"] == MODEL  # the served name, not the checkpoint's path
+
+
+async def test_out_of_memory_in_a_step_preempts_and_retries(
+    runtime: ServerRuntime, gate: threading.Event, real_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    await _ready(runtime, gate)
+    run = real_engine.runner.run
+    ooms: list[int] = []
+
+    def allocation_hook(scheduled: Any) -> Any:
+        # What the CUDA caching allocator raises when a step's activations do not fit; here once,
+        # on the first step that runs two sequences.
+        if not ooms and len(scheduled.scheduled) >= 2:
+            ooms.append(len(scheduled.scheduled))
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated on CPU)")
+        return run(scheduled)
+
+    async with _client(runtime) as client:
+        alone = await client.post("/v1/completions", json=_completion([5, 6, 8, 10], max_tokens=30))
+        before = (await runtime.stats())["requests"]
+        monkeypatch.setattr(real_engine.runner, "run", allocation_hook)
+        both = await asyncio.gather(
+            *(client.post("/v1/completions", json=_completion([5, 6, 8, 10], max_tokens=30)) for _ in range(2))
+        )
+    assert ooms, "the hook never saw two sequences in one step"
+    assert [r.status_code for r in both] == [200, 200], [r.text for r in both]
+    assert all(r.json()["choices"][0]["text"] == alone.json()["choices"][0]["text"] for r in both)
+    after = (await runtime.stats())["requests"]
+    assert after["oom_events_total"] == before["oom_events_total"] + 1
+    assert after["preemptions_total"] >= before["preemptions_total"] + 1
+    assert runtime.loop.step_failures == 0 and runtime.loop.oom.recoveries == 1
+    assert after["failed_total"]["engine_error"] == 0

@@ -10,7 +10,7 @@ from kvpilot.engine.server.capacity import parse_bytes
 from kvpilot.engine.server.detokenizer import IncrementalText
 from kvpilot.engine.server.errors import APIError
 from kvpilot.engine.server.idempotency import IdempotencyStore, body_fingerprint
-from kvpilot.engine.server.result_log import ResultLog
+from kvpilot.engine.server.result_log import ResultLog, event_bytes
 
 pytestmark = pytest.mark.unit
 
@@ -168,3 +168,21 @@ def test_parse_bytes(text: str, expected: int) -> None:
 def test_parse_bytes_rejects_nonsense(text: str) -> None:
     with pytest.raises(ValueError, match="is not a byte size"):
         parse_bytes(text)
+
+
+def test_idempotency_store_is_bounded_in_bytes_as_streams_grow() -> None:
+    # Finding 4: 10,000 keys of 2,048-token streams held ~3.7 GB; the bound is now in bytes.
+    event = "data: " + "x" * 1000 + "\n\n"
+    one = event_bytes(event)
+    store = IdempotencyStore(ttl_seconds=100, max_keys=1000, max_bytes=25 * one)
+    logs = {key: ResultLog() for key in "abc"}
+    for key, log in logs.items():
+        store.remember(key, key, log)
+        for _ in range(10):  # each stream grows after its key was remembered
+            log.append(event)
+    assert store.nbytes == 30 * one > store.max_bytes
+    store.remember("d", "d", ResultLog())  # the sum is checked again: the oldest goes
+    assert store.lookup("a", "a") is None and store.nbytes == 20 * one
+    assert all(store.lookup(k, k) is not None for k in "bcd")
+    with pytest.raises(ValueError, match="max bytes >= 1"):
+        IdempotencyStore(max_bytes=0)

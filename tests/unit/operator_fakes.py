@@ -8,18 +8,8 @@ from typing import Any
 
 from kvpilot.operator import constants as c
 from kvpilot.operator.kube import KubeError, object_path
+from tests.helpers.model_configs import DEEPSEEK_V3, LLAMA3_8B  # noqa: F401 - re-exported to the operator tests
 
-LLAMA3_8B = {
-    "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
-    "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256, "torch_dtype": "bfloat16",
-}
-DEEPSEEK_V3 = {
-    "model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
-    "num_attention_heads": 128, "num_key_value_heads": 128, "num_hidden_layers": 61, "n_routed_experts": 256,
-    "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3, "kv_lora_rank": 512,
-    "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
-    "vocab_size": 129280, "torch_dtype": "bfloat16",
-}
 SHA = "ab" * 32
 
 

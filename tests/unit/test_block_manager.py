@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpilot.engine.block_manager import NO_HASH, BlockManager
+from kvpilot.engine.core.block_manager import NO_HASH, BlockManager
+from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.sampling_params import SamplingParams
-from kvpilot.engine.sequence import Sequence
 
 pytestmark = pytest.mark.unit
 
@@ -45,8 +45,8 @@ def compute_all(bm: BlockManager, seq: Sequence, n: int) -> None:
 
 def test_imports_no_torch() -> None:
     code = (
-        "import sys; import kvpilot.engine.block_manager, kvpilot.engine.scheduler, "
-        "kvpilot.engine.sequence, kvpilot.engine.sampling_params; "
+        "import sys; import kvpilot.engine.core.block_manager, kvpilot.engine.core.scheduler, "
+        "kvpilot.engine.core.sequence, kvpilot.engine.sampling_params; "
         "bad = [m for m in ('torch', 'triton', 'numpy') if m in sys.modules]; "
         "assert not bad, bad"
     )

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from kvpilot.engine.context import BlockTableRows
+from kvpilot.engine.worker.inputs import BlockTableRows
 
 pytestmark = pytest.mark.unit
 

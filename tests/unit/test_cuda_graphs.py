@@ -1,4 +1,4 @@
-"""CUDA-graph decode (kvpilot/engine/cuda_graphs.py) without CUDA: buckets, padding, fallback decisions,
+"""CUDA-graph decode (kvpilot/engine/worker/cuda_graphs.py) without CUDA: buckets, padding, fallback decisions,
 and the padded static-buffer forward on a CPU engine (the graphs' inputs, run eagerly) against the
 plain engine, token for token."""
 
@@ -11,10 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-from kvpilot.engine.cli_serve import add_arguments
 from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.context import Context
-from kvpilot.engine.cuda_graphs import (
+from kvpilot.engine.llm_engine import LLMEngine
+from kvpilot.engine.make_model import make_model
+from kvpilot.engine.server.cli import add_arguments
+from kvpilot.engine.worker.cuda_graphs import (
     DecodeGraphs,
     StaticInputs,
     engine_fallback_reason,
@@ -24,8 +26,6 @@ from kvpilot.engine.cuda_graphs import (
     step_fallback_reason,
     table_width,
 )
-from kvpilot.engine.llm_engine import LLMEngine
-from kvpilot.engine.make_model import make_model
 from tests.parity.helpers import engine_greedy
 
 pytestmark = pytest.mark.unit

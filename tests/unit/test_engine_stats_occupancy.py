@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpilot.engine.engine_stats import kv_occupancy
+from kvpilot.engine.core.sequence import Sequence
+from kvpilot.engine.metrics.stats import kv_occupancy
 from kvpilot.engine.sampling_params import SamplingParams
-from kvpilot.engine.sequence import Sequence
 
 pytestmark = pytest.mark.unit
 

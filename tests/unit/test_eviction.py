@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpilot.engine.block_manager import BlockManager
 from kvpilot.engine.config import EngineConfig
-from kvpilot.engine.eviction import EvictionPolicy, Evictor
+from kvpilot.engine.core.block_manager import BlockManager
+from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.sampling_params import SamplingParams
-from kvpilot.engine.sequence import Sequence
+from kvpilot.engine.strategies.eviction.policy import EvictionPolicy, Evictor
 from tests.unit.test_block_manager import check_invariants
 
 pytestmark = pytest.mark.unit

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvpilot.engine.config import ModelConfig
-from kvpilot.engine.hybrid_config import FULL, LINEAR, HybridFields
+from kvpilot.engine.config.minimax import FULL, LINEAR, HybridFields
 from tests.helpers.minimax import minimax_config
 
 pytestmark = pytest.mark.unit

@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpilot.engine.config import EngineConfig
-from kvpilot.engine.kv_pools import POOL8, POOL16, PooledBlockManager
-from kvpilot.engine.kv_strategy import kv_cache_kind, strategy_label
+from kvpilot.engine.config.strategy import kv_cache_kind, strategy_label
+from kvpilot.engine.core.scheduler import Scheduler
+from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.sampling_params import SamplingParams
-from kvpilot.engine.scheduler import Scheduler
-from kvpilot.engine.sequence import Sequence
+from kvpilot.engine.strategies.kv_quant.pools import POOL8, POOL16, PooledBlockManager
 
 pytestmark = pytest.mark.unit
 
@@ -159,7 +159,7 @@ def test_invalid_settings_say_what_is_allowed(kw, message):
 def test_serve_cli_accepts_the_new_flags():
     import argparse
 
-    from kvpilot.engine.cli_serve import add_arguments
+    from kvpilot.engine.server.cli import add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -175,8 +175,8 @@ def _serve_prepare(tmp_path, *flags):
     import argparse
     import json
 
-    from kvpilot.engine.cli_serve import _prepare, add_arguments
     from kvpilot.engine.make_model import model_config
+    from kvpilot.engine.server.cli import _prepare, add_arguments
 
     (tmp_path / "config.json").write_text(json.dumps(model_config("llama", "small", num_key_value_heads=4)))
     parser = argparse.ArgumentParser()

@@ -8,13 +8,13 @@ import math
 import pytest
 import torch
 
-from kvpilot.engine.block_manager import BlockManager
-from kvpilot.engine.engine_stats import EngineStats, build_feed, kv_occupancy
-from kvpilot.engine.eviction import EvictionPolicy, Evictor
-from kvpilot.engine.head_utilization import head_utilization
+from kvpilot.engine.core.block_manager import BlockManager
+from kvpilot.engine.core.scheduler import Scheduler
+from kvpilot.engine.core.sequence import Sequence
+from kvpilot.engine.metrics.head_utilization import head_utilization
+from kvpilot.engine.metrics.stats import EngineStats, build_feed, kv_occupancy
 from kvpilot.engine.sampling_params import SamplingParams
-from kvpilot.engine.scheduler import Scheduler
-from kvpilot.engine.sequence import Sequence
+from kvpilot.engine.strategies.eviction.policy import EvictionPolicy, Evictor
 
 pytestmark = pytest.mark.unit
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from kvpilot.engine.cli_serve import _prepare, add_arguments
 from kvpilot.engine.make_model import model_config
+from kvpilot.engine.server.cli import _prepare, add_arguments
 
 pytestmark = pytest.mark.unit
 

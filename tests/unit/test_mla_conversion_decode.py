@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from kvpilot.engine.models.layers import RotaryEmbedding
-from kvpilot.engine.strategies import mla_conversion_decode
-from kvpilot.engine.strategies.mla_conversion_decode import DecodePlanner, converted_mla_decode
+from kvpilot.engine.strategies.mla import decode as mla_conversion_decode
+from kvpilot.engine.strategies.mla.decode import DecodePlanner, converted_mla_decode
 
 pytestmark = pytest.mark.unit
 

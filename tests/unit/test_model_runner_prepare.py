@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.core.scheduler import ScheduledSeq, SchedulerOutput
+from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.llm_engine import LLMEngine
 from kvpilot.engine.make_model import make_model
 from kvpilot.engine.sampling_params import SamplingParams
-from kvpilot.engine.scheduler import ScheduledSeq, SchedulerOutput
-from kvpilot.engine.sequence import Sequence
 
 pytestmark = pytest.mark.unit
 

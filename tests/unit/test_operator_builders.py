@@ -58,6 +58,8 @@ def test_deployment_runs_engine_and_sidecar_on_the_right_gpus() -> None:
     assert engine["livenessProbe"]["httpGet"] == {"path": "/health", "port": 8000}
     assert engine["startupProbe"]["httpGet"]["path"] == "/health"
     assert sidecar["command"] == ["kvpilot", "sidecar"]
+    host = sidecar["args"][sidecar["args"].index("--host") + 1]
+    assert host == "$(POD_IP)" and {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in sidecar["env"]
     assert sidecar["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in engine["volumeMounts"]
     assert pod["volumes"][0] == {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}

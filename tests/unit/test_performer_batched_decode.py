@@ -14,10 +14,10 @@ import copy
 import pytest
 import torch
 
-from kvpilot.engine.attention import Attention
 from kvpilot.engine.context import Context, reset_context, set_context
-from kvpilot.engine.performer_attention import PerformerAttention
-from kvpilot.engine.strategies.performer import draw_features, exact_causal_attention
+from kvpilot.engine.layers.attention import Attention
+from kvpilot.engine.strategies.linear.attention import PerformerAttention
+from kvpilot.engine.strategies.linear.features import draw_features, exact_causal_attention
 
 pytestmark = pytest.mark.unit
 

@@ -17,6 +17,8 @@ from kvpilot.planner import (
     parameter_count,
     plan_capacity,
 )
+from tests.helpers.model_configs import DEEPSEEK_V3_FP8 as DEEPSEEK_V3
+from tests.helpers.model_configs import LLAMA3_8B
 
 pytestmark = pytest.mark.unit
 
@@ -25,10 +27,6 @@ KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 LLAMA2_7B = {
     "model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32,
     "num_hidden_layers": 32, "num_key_value_heads": 32, "vocab_size": 32000, "torch_dtype": "float16",
-}
-LLAMA3_8B = {
-    "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
-    "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256, "torch_dtype": "bfloat16",
 }
 QWEN2_7B = {
     "model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_attention_heads": 28,
@@ -41,14 +39,6 @@ DEEPSEEK_V2_LITE = {
     "n_shared_experts": 2, "num_experts_per_tok": 6, "first_k_dense_replace": 1, "kv_lora_rank": 512,
     "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
     "vocab_size": 102400, "torch_dtype": "bfloat16",
-}
-DEEPSEEK_V3 = {
-    "model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
-    "num_attention_heads": 128, "num_key_value_heads": 128, "num_hidden_layers": 61, "n_routed_experts": 256,
-    "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3, "kv_lora_rank": 512,
-    "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
-    "vocab_size": 129280, "torch_dtype": "bfloat16",
-    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]},
 }
 MINIMAX_SMALL = {  # MiniMax-Text-01 layout (7 lightning layers, then 1 softmax), scaled down
     "model_type": "minimax", "hidden_size": 1024, "intermediate_size": 2048, "num_attention_heads": 8,

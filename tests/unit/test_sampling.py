@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kvpilot.engine.sampler import filter_top_k_top_p, sample  # noqa: E402
+from kvpilot.engine.worker.sampler import filter_top_k_top_p, sample  # noqa: E402
 
 pytestmark = pytest.mark.unit
 

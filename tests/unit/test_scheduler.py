@@ -8,10 +8,10 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from kvpilot.engine.block_manager import BlockManager
+from kvpilot.engine.core.block_manager import BlockManager
+from kvpilot.engine.core.scheduler import Scheduler
+from kvpilot.engine.core.sequence import Sequence, SequenceStatus
 from kvpilot.engine.sampling_params import SamplingParams
-from kvpilot.engine.scheduler import Scheduler
-from kvpilot.engine.sequence import Sequence, SequenceStatus
 
 pytestmark = pytest.mark.unit
 

@@ -19,7 +19,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from kvpilot.engine import stats_contract as contract
+from kvpilot.engine.metrics import stats_contract as contract
 from kvpilot.sidecar.engine_collector import EngineCollector
 from kvpilot.sidecar.http_app import make_registry
 from kvpilot.sidecar.nvml_collector import NvmlCollector
@@ -211,3 +211,27 @@ def test_feed_paths_in_the_table_exist_in_the_contract_shape():
 
 def test_by_name_lookup_covers_the_table():
     assert set(BY_NAME) == {s.name for s in SCHEMA}
+
+
+def test_a_stale_snapshot_is_never_served_as_fresh():
+    # Finding 3: a busy engine thread made the feed serve its last snapshot as if current.
+    engine = PlayedEngine(make_feed(age_seconds=0.4))
+    collector = make_collector(engine)
+    collector.max_age_s = 5.0
+    fresh = samples(registry_for(collector))
+    assert fresh[("kvpilot_engine_stats_age_seconds", ())] == 0.4
+    assert fresh[("kvpilot_requests_running", ())] == 3
+    engine.answer = make_feed(age_seconds=12.5)
+    stale = samples(registry_for(collector))
+    assert stale[("kvpilot_engine_up", ())] == 1.0  # the engine answered: it is up, only busy
+    assert stale[("kvpilot_engine_stats_age_seconds", ())] == 12.5
+    assert {name for name, _ in stale} == {spec.name for spec in HEALTH}  # no engine family
+    engine.answer = make_feed(age_seconds=0.1)
+    assert samples(registry_for(collector))[("kvpilot_requests_running", ())] == 3
+
+
+def test_model_label_never_holds_a_file_path():
+    engine = PlayedEngine(make_feed(engine={"model": "/var/lib/models/team-a/llama-7b/"}))
+    got = samples(registry_for(make_collector(engine)))
+    info = next(labels for name, labels in got if name == "kvpilot_engine_info")
+    assert dict(info)["model"] == "llama-7b"

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from kvpilot.engine import stats_contract as contract
+from kvpilot.engine.metrics import stats_contract as contract
 from kvpilot.sidecar.feed import FeedError, feed_readings
 from kvpilot.sidecar.readings import HistogramValue
 from tests.harness.stats_feed import make_feed

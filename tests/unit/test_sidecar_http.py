@@ -80,7 +80,7 @@ def test_cli_defaults_and_refusals():
     cli.add_arguments(parser)
     args = parser.parse_args([])
     assert (args.engine_url, args.port, args.host, args.engine_kind, args.scrape_timeout) == (
-        "http://127.0.0.1:8001", 9400, "0.0.0.0", "kvpilot", 2.0)
+        "http://127.0.0.1:8001", 9400, "127.0.0.1", "kvpilot", 2.0)
     with pytest.raises(SystemExit):
         parser.parse_args(["--engine-kind", "tgi"])
     with pytest.raises(SystemExit):

@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from kvpilot.engine.block_manager import BlockManager
+from kvpilot.engine.core.block_manager import BlockManager
+from kvpilot.engine.core.scheduler import Scheduler
+from kvpilot.engine.core.sequence import Sequence
+from kvpilot.engine.core.state_pool import StatePool
 from kvpilot.engine.sampling_params import SamplingParams
-from kvpilot.engine.scheduler import Scheduler
-from kvpilot.engine.sequence import Sequence
-from kvpilot.engine.state_pool import StatePool
 
 pytestmark = pytest.mark.unit
 

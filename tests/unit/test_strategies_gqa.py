@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvpilot.engine.strategies.gqa_conversion import convert_state_dict_to_gqa, mean_pool_heads
+from kvpilot.engine.strategies.gqa.convert import convert_state_dict_to_gqa, mean_pool_heads
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from kvpilot.engine.strategies.mla_conversion import (
+from kvpilot.engine.strategies.mla.svd import (
     factorize_kv,
     reconstruct_k,
     reconstruct_v,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvpilot.engine.strategies.performer import (
+from kvpilot.engine.strategies.linear.features import (
     PerformerSummary,
     draw_features,
     exact_causal_attention,

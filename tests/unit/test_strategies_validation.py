@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvpilot.engine.strategies.validation import (
+from kvpilot.engine.validation.cosine import (
     COSINE_THRESHOLD,
     attention_cosine,
     should_validate,

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from kvpilot.engine.config import ModelConfig
-from kvpilot.engine.mla_attention import LatentAttention
-from kvpilot.engine.mla_config import DeepseekFields
+from kvpilot.engine.config.deepseek import DeepseekFields
+from kvpilot.engine.layers.latent_attention import LatentAttention
 from kvpilot.engine.models.causal_lm import CausalLM
 from kvpilot.engine.models.layers import RMSNorm, SiluAndMulMLP
 from kvpilot.engine.models.moe import DeepseekMoE

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kvpilot.engine.attention import Attention
 from kvpilot.engine.config import ModelConfig
+from kvpilot.engine.layers.attention import Attention
 from kvpilot.engine.models.causal_lm import CausalLM
 from kvpilot.engine.models.layers import RMSNorm, RotaryEmbedding, SiluAndMulMLP
 

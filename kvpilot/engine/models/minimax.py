@@ -14,12 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvpilot.engine.attention import Attention
 from kvpilot.engine.config import ModelConfig
+from kvpilot.engine.config.minimax import LINEAR
 from kvpilot.engine.context import get_context
-from kvpilot.engine.hybrid_config import LINEAR
 from kvpilot.engine.kernels.lightning_attn.ops import lightning_decode, lightning_prefill
 from kvpilot.engine.kernels.lightning_attn.reference import minimax_slopes
+from kvpilot.engine.layers.attention import Attention
 from kvpilot.engine.models.causal_lm import CausalLM
 from kvpilot.engine.models.layers import RMSNorm
 from kvpilot.engine.models.llama import LlamaAttention

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvpilot.engine.mla_config import DeepseekFields
+from kvpilot.engine.config.deepseek import DeepseekFields
 from kvpilot.engine.models.layers import SiluAndMulMLP
 
 

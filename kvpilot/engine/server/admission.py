@@ -24,6 +24,8 @@ class Admission:
         max_num_seqs: int,
         max_queue: int,
         record_rejection: Callable[[str], None],
+        max_scores: int = 4,
+        max_token_chars: int | None = None,
     ) -> None:
         if max_model_len < 2 or max_num_seqs < 1 or max_queue < 0:
             raise ValueError(
@@ -33,7 +35,13 @@ class Admission:
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.max_queue = max_queue
+        self.max_scores = max_scores
+        # Each token covers at most max_token_chars characters, so a prompt longer than this many
+        # characters cannot fit in max_model_len tokens: refused before it is tokenised.
+        self.max_prompt_chars = max_model_len * max_token_chars if max_token_chars else None
+        self.max_token_chars = max_token_chars
         self.in_flight = 0
+        self.scores_in_flight = 0
         self._record = record_rejection
 
     @property
@@ -73,6 +81,40 @@ class Admission:
                 f"{max(0, self.max_model_len - num_prompt_tokens)}"
             )
         return APIError(400, message, param="max_tokens", code="context_length_exceeded")
+
+    def check_prompt_chars(self, chars: int, param: str) -> None:
+        """A 400 for a prompt too long to fit whatever it tokenises to, before tokenising it."""
+        if self.max_prompt_chars is None or chars <= self.max_prompt_chars:
+            return
+        raise self.reject(
+            "too_long",
+            APIError(
+                400,
+                f"the prompt has {chars} characters: this model's maximum context length of {self.max_model_len} "
+                f"tokens holds at most {self.max_prompt_chars} characters (its longest token is "
+                f"{self.max_token_chars} characters); shorten the prompt",
+                param=param,
+                code="context_length_exceeded",
+            ),
+        )
+
+    def acquire_score(self) -> None:
+        """Take one of the `max_scores` scoring places, or raise a 429 with Retry-After."""
+        if self.scores_in_flight >= self.max_scores:
+            raise self.reject(
+                "queue_full",
+                APIError(
+                    429,
+                    f"the server is scoring {self.scores_in_flight} requests, its limit (--max-concurrent-scores "
+                    f"{self.max_scores}); retry after {QUEUE_RETRY_AFTER_SECONDS} s",
+                    code="queue_full",
+                    headers={"Retry-After": str(QUEUE_RETRY_AFTER_SECONDS)},
+                ),
+            )
+        self.scores_in_flight += 1
+
+    def release_score(self) -> None:
+        self.scores_in_flight = max(0, self.scores_in_flight - 1)
 
     def acquire(self) -> None:
         """Take a place in the engine or its queue, or raise a 429 with Retry-After."""

@@ -8,8 +8,10 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from kvpilot import __version__
+from kvpilot.engine.server.auth import ApiKeyMiddleware
 from kvpilot.engine.server.errors import install_error_handlers
 from kvpilot.engine.server.middleware import StrategyHeaderMiddleware
+from kvpilot.engine.server.request_guard import RequestGuardMiddleware
 from kvpilot.engine.server.routes import router
 from kvpilot.engine.server.runtime import ServerRuntime
 
@@ -43,5 +45,10 @@ def create_app(runtime: ServerRuntime, *, manage_engine: bool = True) -> FastAPI
         on_internal=lambda: runtime.record_failure("internal"),
     )
     app.include_router(router)
-    app.add_middleware(StrategyHeaderMiddleware, strategy=runtime.settings.strategy)
+    settings = runtime.settings
+    # Added last = outermost: the key is checked first, then the body's type and size.
+    app.add_middleware(RequestGuardMiddleware, max_body_bytes=settings.max_body_bytes, strategy=settings.strategy)
+    if settings.api_key:
+        app.add_middleware(ApiKeyMiddleware, key=settings.api_key, strategy=settings.strategy)
+    app.add_middleware(StrategyHeaderMiddleware, strategy=settings.strategy)
     return app

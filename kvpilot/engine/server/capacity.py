@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from kvpilot.engine.kv_strategy import gqa_groups, kv_cache_kind, strategy_label
+from kvpilot.engine.config.strategy import gqa_groups, kv_cache_kind, strategy_label
 from kvpilot.planner import CapacityPlan, GpuSpec, KVStrategy, ModelShape, plan_capacity
 
 # EngineConfig dtype names -> the planner's KV dtype names ("auto" = the model's own precision).
@@ -54,7 +54,7 @@ def plan_for(config: Any, device: str, cpu_budget_bytes: int, watermark: float) 
     kind = kv_cache_kind(config)  # auto switching plans the 16-bit budget; the engine splits it in pools
     kv_dtype = {"model": config.dtype, "auto-switch": "auto"}.get(kind, kind)
     groups = gqa_groups(config)
-    attention = config.strategy if config.attention != "gqa" else "gqa" if groups else "native"
+    attention = config.attention if config.attention != "gqa" else "gqa" if groups else "native"
     if attention == "linear":  # the Performer conversion still keeps every token's K/V in paged blocks
         attention = "native"
     if attention == "mla" and getattr(config, "disable_mla", False):

@@ -11,7 +11,10 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from kvpilot.engine.server.errors import STRATEGY_HEADER, APIError, error_body, error_response
+from kvpilot.engine.sampling_params import SamplingParams
+from kvpilot.engine.server.admission import Admission
+from kvpilot.engine.server.api_error import error_body
+from kvpilot.engine.server.errors import STRATEGY_HEADER, APIError, error_response
 from kvpilot.engine.server.formats import DONE_EVENT, CompletionFormat, sse
 from kvpilot.engine.server.generation import EngineFailure, Generation
 from kvpilot.engine.server.idempotency import IDEMPOTENCY_HEADER, IdempotencyStore, body_fingerprint
@@ -25,6 +28,7 @@ from kvpilot.engine.server.protocol import ChatCompletionRequest, CompletionRequ
 from kvpilot.engine.server.responses import Usage
 from kvpilot.engine.server.result_log import ResultLog
 from kvpilot.engine.server.runtime import ServerRuntime
+from kvpilot.engine.server.text_checks import check_unicode, prompt_chars
 
 log = logging.getLogger("kvpilot.server")
 
@@ -39,36 +43,39 @@ async def serve_completion(
     runtime.check_model(req.model)
     try:
         reject_unsupported(req)
-        tokenizer = runtime.tokenizer
-        if isinstance(req, ChatCompletionRequest):
-            prompt_ids = chat_prompt_ids(tokenizer, req)
-        else:
-            prompt_ids = completion_prompt_ids(tokenizer, req, getattr(tokenizer, "vocab_size", None))
-    except APIError as exc:
-        if exc.status < 500:
-            runtime.record_rejection("invalid")
+        check_unicode(req)
+    except APIError:
+        runtime.record_rejection("invalid")
         raise
-    default = None if chat else runtime.settings.default_completion_max_tokens
-    max_tokens = admission.max_tokens_for(len(prompt_ids), req.requested_max_tokens(), default)
-    params = sampling_params(req, max_tokens)
-
+    admission.check_prompt_chars(prompt_chars(req), "messages" if chat else "prompt")
     key = request.headers.get(IDEMPOTENCY_HEADER)
     fingerprint = ""
     if key is not None:
         IdempotencyStore.check_key(key)
         fingerprint = body_fingerprint(request.url.path, req.model_dump(mode="json", exclude_unset=True))
         existing = runtime.idempotency.lookup(key, fingerprint)
-        if existing is not None:
-            log.info("idempotency key %r: joining the earlier request", key)
-            return await respond(request, runtime, existing, req.stream)
-
+        if existing is not None:  # a retry joins without taking a place, even when the server is full
+            return await _join(request, runtime, key, existing, req.stream)
+    # The place is taken before tokenising, so the CPU work waiting for the pool is bounded by
+    # the admission limit too; every way out before the result log exists gives it back.
     admission.acquire()
     try:
-        runtime.faults.maybe_fail()
-    except APIError:
+        prompt_ids, params = await _prepare(runtime, admission, req, chat)
+        # Again after the await, and with no await from here to remember(): one generation per key.
+        existing = runtime.idempotency.lookup(key, fingerprint) if key is not None else None
+        if existing is None:
+            try:
+                runtime.faults.maybe_fail()
+            except APIError:
+                runtime.record_failure("fault")
+                raise
+    except BaseException:
         admission.release()
-        runtime.record_failure("fault")
         raise
+    if existing is not None and key is not None:
+        admission.release()
+        return await _join(request, runtime, key, existing, req.stream)
+    tokenizer = runtime.tokenizer
     fmt = CompletionFormat(
         chat=chat,
         response_id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
@@ -79,6 +86,7 @@ async def serve_completion(
     )
     result = ResultLog()
     result.on_end(lambda _: admission.release())
+    runtime.track(result)
     stop = req.stop_list()
 
     async def produce(out: ResultLog) -> None:
@@ -95,7 +103,10 @@ async def serve_completion(
             log.exception("request %s failed in the server", fmt.response_id)
             runtime.record_rejection("internal_error")
             runtime.record_failure("internal")
-            message = f"internal error while serving this request: {type(exc).__name__}: {exc}"
+            message = (
+                f"internal error while serving this request ({type(exc).__name__}); other requests are not "
+                f"affected; the server log has the details under {fmt.response_id}"
+            )
             raise APIError(500, message, code="internal_error") from exc
         finally:
             gen.abort()
@@ -104,6 +115,31 @@ async def serve_completion(
     if key is not None:
         runtime.idempotency.remember(key, fingerprint, result)
     return await respond(request, runtime, result, req.stream)
+
+
+async def _join(request: Request, runtime: ServerRuntime, key: str, existing: ResultLog, stream: bool) -> Response:
+    log.info("idempotency key %r: joining the earlier request", key)
+    return await respond(request, runtime, existing, stream)
+
+
+async def _prepare(
+    runtime: ServerRuntime, admission: Admission, req: ChatCompletionRequest | CompletionRequest, chat: bool
+) -> tuple[list[int], SamplingParams]:
+    """Prompt token ids (tokenised on the CPU pool) and the sampling parameters, or a 4xx."""
+    tokenizer = runtime.tokenizer
+    try:
+        if isinstance(req, ChatCompletionRequest):
+            prompt_ids = await runtime.run_cpu(chat_prompt_ids, tokenizer, req)
+        else:
+            vocab_size = getattr(tokenizer, "vocab_size", None)
+            prompt_ids = await runtime.run_cpu(completion_prompt_ids, tokenizer, req, vocab_size)
+    except APIError as exc:
+        if exc.status < 500:
+            runtime.record_rejection("invalid")
+        raise
+    default = None if chat else runtime.settings.default_completion_max_tokens
+    max_tokens = admission.max_tokens_for(len(prompt_ids), req.requested_max_tokens(), default)
+    return prompt_ids, sampling_params(req, max_tokens)
 
 
 async def _run(gen: Generation, fmt: CompletionFormat, out: ResultLog, stream: bool) -> None:

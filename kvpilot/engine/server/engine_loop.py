@@ -6,9 +6,12 @@ import concurrent.futures
 import logging
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from kvpilot.engine.server.oom import OomRecovery, is_out_of_memory
 
 log = logging.getLogger("kvpilot.server")
 
@@ -40,6 +43,7 @@ class _Abort:
 class _Call:
     fn: Callable[[Any], Any]
     future: concurrent.futures.Future
+    heavy: bool = False  # a forward pass of its own (a score): at most one between two steps
 
 
 class EngineLoop:
@@ -50,6 +54,10 @@ class EngineLoop:
     (a new prompt is the usual trigger): it fails and aborts those and steps again. If a step
     fails with no new request to blame, every request inside the engine is failed and aborted
     (their blocks freed). Either way the loop carries on with new requests.
+
+    An out-of-memory error in a step is not a request's fault: the newest running sequence is
+    preempted (its blocks freed, recomputed later), the batch runs smaller for a while, and the
+    step is retried (oom.py); only after MAX_OOM_RETRIES in a row are the step's requests failed.
     """
 
     def __init__(
@@ -62,6 +70,8 @@ class EngineLoop:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._fresh: set[str] = set()  # added since the last step that succeeded
+        self._heavy: deque[_Call] = deque()  # scores waiting for their turn between two steps
+        self.oom = OomRecovery(engine)
         self.steps = 0
         self.step_failures = 0
 
@@ -80,13 +90,14 @@ class EngineLoop:
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
 
-    def call(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future:
-        """Run `fn(engine)` on the engine thread between two steps."""
+    def call(self, fn: Callable[[Any], Any], *, heavy: bool = False) -> concurrent.futures.Future:
+        """Run `fn(engine)` on the engine thread between two steps. `heavy` calls (each a forward
+        pass of its own) run one per step, so a burst of them cannot stall running streams."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         if not self.alive:
             future.set_exception(RuntimeError("the engine loop is not running"))
             return future
-        self._inbox.put(_Call(fn, future))
+        self._inbox.put(_Call(fn, future, heavy))
         return future
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -100,10 +111,12 @@ class EngineLoop:
     def _run(self) -> None:
         log.info("engine loop started")
         while not self._stop.is_set():
-            busy = self._has_work()
+            busy = self._has_work() or bool(self._heavy)
             self._drain(block=not busy)
             if self._stop.is_set():
                 break
+            if self._heavy:
+                self._run_call(self._heavy.popleft())
             if self._has_work():
                 self._step()
         self._shutdown()
@@ -133,6 +146,8 @@ class EngineLoop:
             self._add(command)
         elif isinstance(command, _Abort):
             self._abort(command.request_id)
+        elif command.heavy:
+            self._heavy.append(command)
         else:
             self._run_call(command)
 
@@ -170,6 +185,8 @@ class EngineLoop:
         try:
             outputs = self.engine.step()
         except Exception as exc:
+            if is_out_of_memory(exc) and self.oom.on_oom(exc):
+                return
             self.step_failures += 1
             suspects = [r for r in self._sinks if r in self._fresh] or list(self._sinks)
             self._fresh.clear()
@@ -180,6 +197,7 @@ class EngineLoop:
                 _safe(sink.failed, exc)
             return
         self.steps += 1
+        self.oom.on_good_step()
         self._fresh.clear()
         for output in outputs:
             sink = self._sinks.get(output.request_id)
@@ -209,6 +227,9 @@ class EngineLoop:
                 _safe(command.sink.failed, error)
             elif isinstance(command, _Call):
                 command.future.set_exception(error)
+        for command in self._heavy:
+            command.future.set_exception(error)
+        self._heavy.clear()
 
 
 def _safe(fn: Callable[..., Any], *args: Any) -> None:

@@ -11,49 +11,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from kvpilot.engine.server.api_error import APIError
+
 log = logging.getLogger("kvpilot.server")
 
 STRATEGY_HEADER = "X-Model-Strategy"
-
-_TYPE_BY_STATUS = {
-    400: "invalid_request_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    422: "invalid_request_error",
-    429: "rate_limit_error",
-    500: "internal_error",
-    503: "service_unavailable",
-}
-
-
-class APIError(Exception):
-    """An error a client can act on; rendered as OpenAI's error JSON with `status`."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return error_body(self.status, self.message, param=self.param, code=self.code)
-
-
-def error_body(status: int, message: str, *, param: str | None = None, code: str | None = None) -> dict:
-    kind = _TYPE_BY_STATUS.get(status, "invalid_request_error" if status < 500 else "internal_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
 
 def error_response(exc: APIError, strategy: str) -> JSONResponse:
     headers = {**exc.headers, STRATEGY_HEADER: strategy}
@@ -92,9 +54,21 @@ def install_error_handlers(
         errors = list(exc.errors())
         if on_invalid is not None:
             on_invalid()
+        bad_json = next((e for e in errors if e.get("type") == "json_invalid"), None)
+        if bad_json is not None:
+            # FastAPI puts the byte offset where a field name goes: say it in words instead.
+            loc = [p for p in bad_json.get("loc", ()) if p != "body"]
+            where = f" at byte {loc[0]}" if loc and isinstance(loc[0], int) else ""
+            reason = (bad_json.get("ctx") or {}).get("error") or bad_json.get("msg", "")
+            message = f"the request body is not valid JSON ({reason}{where}); send one JSON object"
+            return error_response(APIError(422, message, param=None, code="invalid_json"), strategy)
+        # pydantic refuses lone surrogates in some string fields with a confusing message: say it plainly.
+        from kvpilot.engine.server.text_checks import find_unicode_error
+
+        unicode = find_unicode_error(getattr(exc, "body", None))
+        if unicode is not None:
+            return error_response(unicode, strategy)
         message, field = validation_message(errors)
-        if any(e.get("type") == "json_invalid" for e in errors):
-            message = "the request body is not valid JSON: " + message
         return error_response(APIError(422, message, param=field, code="invalid_value"), strategy)
 
     async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -111,7 +85,11 @@ def install_error_handlers(
         log.exception("unhandled error while serving %s %s", request.method, request.url.path)
         if on_internal is not None:
             on_internal()
-        message = f"internal error while serving this request ({type(exc).__name__}: {exc})"
+        # Never the exception's text: it may hold request data or server internals.
+        message = (
+            f"internal error while serving this request ({type(exc).__name__}); other requests are not "
+            "affected; see the server log"
+        )
         return error_response(APIError(500, message, code="internal_error"), strategy)
 
     app.add_exception_handler(APIError, on_api_error)

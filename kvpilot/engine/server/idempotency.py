@@ -1,7 +1,8 @@
 """Idempotency keys: a retried request with the same key and body gets the same completion.
 
-Entries live for `ttl_seconds` after they were created and at most `max_keys` are kept (the
-oldest go first). Only results still running or finished successfully are kept: a failed or
+Entries live for `ttl_seconds` after they were created; at most `max_keys` are kept, holding at
+most `max_bytes` of events together (the oldest go first; a stream grows while it runs, so the
+bytes are summed again whenever a key is added). Only results still running or finished successfully are kept: a failed or
 aborted one is forgotten, so a retry with the same key generates afresh.
 """
 
@@ -20,6 +21,7 @@ from kvpilot.engine.server.result_log import ResultLog
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 MAX_KEY_LENGTH = 255
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 
 
 def body_fingerprint(path: str, body: Any) -> str:
@@ -38,18 +40,31 @@ class IdempotencyStore:
     """Maps key -> the ResultLog of the request first sent with it."""
 
     def __init__(
-        self, ttl_seconds: float = 600.0, max_keys: int = 10_000, clock: Callable[[], float] = time.monotonic
+        self,
+        ttl_seconds: float = 600.0,
+        max_keys: int = 10_000,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if ttl_seconds <= 0 or max_keys < 1:
-            raise ValueError(f"idempotency ttl must be > 0 and max keys >= 1, got {ttl_seconds}, {max_keys}")
+        if ttl_seconds <= 0 or max_keys < 1 or max_bytes < 1:
+            raise ValueError(
+                f"idempotency ttl must be > 0, max keys >= 1 and max bytes >= 1, got {ttl_seconds}, {max_keys}, "
+                f"{max_bytes}"
+            )
         self.ttl_seconds = ttl_seconds
         self.max_keys = max_keys
+        self.max_bytes = max_bytes
         self._clock = clock
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
 
     def __len__(self) -> int:
         self._expire()
         return len(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the kept results hold now."""
+        return sum(entry.log.nbytes for entry in self._entries.values())
 
     @staticmethod
     def check_key(key: str) -> str:
@@ -84,6 +99,10 @@ class IdempotencyStore:
         self._entries.move_to_end(key)
         while len(self._entries) > self.max_keys:
             self._entries.popitem(last=False)
+        held = self.nbytes
+        while held > self.max_bytes and self._entries:
+            _, oldest = self._entries.popitem(last=False)
+            held -= oldest.log.nbytes
         log.on_end(lambda ended: self._forget_failed(key, ended))
 
     def _forget_failed(self, key: str, log: ResultLog) -> None:

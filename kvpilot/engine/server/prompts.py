@@ -19,8 +19,8 @@ def reject_unsupported(req: SamplingFields) -> None:
         value = getattr(req, name)
         if value not in (None, 0, 0.0):
             _unsupported(name, f"{name}={value} is not supported; omit it or send 0")
-    if isinstance(req, ChatCompletionRequest) and (req.logprobs or req.top_logprobs):
-        _unsupported("logprobs", "logprobs are not supported by /v1/chat/completions; use POST /v1/score")
+    if isinstance(req, ChatCompletionRequest):
+        _reject_chat_only(req)
     if isinstance(req, CompletionRequest):
         if req.logprobs is not None:
             _unsupported("logprobs", "logprobs are not supported by /v1/completions; use POST /v1/score")
@@ -30,6 +30,24 @@ def reject_unsupported(req: SamplingFields) -> None:
             _unsupported("suffix", "suffix (insertion) is not supported")
         if req.best_of not in (None, 1):
             _unsupported("best_of", f"best_of={req.best_of} is not supported; only best_of=1")
+
+
+def _reject_chat_only(req: ChatCompletionRequest) -> None:
+    if req.logprobs or req.top_logprobs:
+        _unsupported("logprobs", "logprobs are not supported by /v1/chat/completions; use POST /v1/score")
+    for name in ("tools", "tool_choice", "functions", "function_call"):
+        if getattr(req, name) is not None:
+            _unsupported(
+                name, f"{name} is not supported yet: this server does not call tools; remove {name!r} from the request"
+            )
+    fmt = req.response_format
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text" and len(fmt) == 1):
+        kind = fmt.get("type") if isinstance(fmt, dict) else type(fmt).__name__
+        _unsupported(
+            "response_format",
+            f"response_format {kind!r} is not supported yet: only {{'type': 'text'}}; structured output "
+            "(json_object, json_schema) is not enforced by this server, so remove response_format",
+        )
 
 
 def _unsupported(param: str, message: str) -> None:

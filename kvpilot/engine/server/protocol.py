@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -14,7 +14,8 @@ SEED_LIMIT = 2**63
 
 class _Body(BaseModel):
     # Unknown fields are ignored, as OpenAI-compatible servers do, so newer clients keep working.
-    model_config = ConfigDict(extra="ignore")
+    # Strict: "10" is not an integer and "yes" or 1 is not a boolean (a JSON int is still a float).
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class StreamOptions(_Body):
@@ -79,6 +80,14 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    # Accepted only to be refused with a 400 naming them (reject_unsupported), never ignored.
+    tools: Any = Field(default=None, description="Not supported yet: a request with tools is refused (400).")
+    tool_choice: Any = Field(default=None, description="Not supported yet (400).")
+    functions: Any = Field(default=None, description="Not supported (400).")
+    function_call: Any = Field(default=None, description="Not supported (400).")
+    response_format: Any = Field(
+        default=None, description='Only {"type": "text"} is supported; json_object / json_schema are refused (400).'
+    )
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

@@ -8,6 +8,8 @@ the producer is cancelled, which aborts the engine request and frees its blocks.
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -19,6 +21,7 @@ class ResultLog:
 
     def __init__(self) -> None:
         self.events: list[Any] = []
+        self.nbytes = 0  # memory the events hold, roughly (the idempotency store is bounded by it)
         self.done = False
         self.started = False  # the engine accepted the request: a stream may send its headers
         self.error: APIError | None = None
@@ -37,6 +40,11 @@ class ResultLog:
         if not self.done:
             self.fail(APIError(499, "the client disconnected; the request was aborted", code="aborted"))
 
+    def cancel(self) -> None:
+        """Stop the producer (its engine request is aborted); a no-op once it has ended."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
     def on_end(self, callback: Callable[[ResultLog], None]) -> None:
         self._on_end.append(callback)
 
@@ -49,7 +57,8 @@ class ResultLog:
         except APIError as exc:
             self.fail(exc)
         except Exception as exc:  # one request's failure is reported to it, nothing else
-            self.fail(APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error"))
+            message = f"internal error while serving this request ({type(exc).__name__}); see the server log"
+            self.fail(APIError(500, message, code="internal_error"))
         finally:
             if not self.done:
                 self.finish()
@@ -64,6 +73,7 @@ class ResultLog:
 
     def append(self, event: Any) -> None:
         self.events.append(event)
+        self.nbytes += event_bytes(event)
         self._notify()
 
     def finish(self) -> None:
@@ -106,3 +116,10 @@ class ResultLog:
             self.readers -= 1
             if self.readers == 0 and not self.done and self._task is not None:
                 self._task.cancel()
+
+
+def event_bytes(event: Any) -> int:
+    """Bytes one event holds in memory: the string object, or a whole response's JSON size."""
+    if isinstance(event, str):
+        return sys.getsizeof(event) + 8  # + the list slot
+    return sys.getsizeof(event) + len(json.dumps(event, ensure_ascii=False)) * 4

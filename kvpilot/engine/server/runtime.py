@@ -4,6 +4,8 @@ the engine loop. Routes ask the runtime for readiness, admission and the stats f
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
@@ -11,16 +13,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvpilot.engine.metrics.stats_contract import FAILURE_REASONS
 from kvpilot.engine.server.admission import Admission, not_ready_error
 from kvpilot.engine.server.engine_loop import EngineLoop
 from kvpilot.engine.server.errors import APIError
 from kvpilot.engine.server.faults import FaultInjector, FaultSettings
-from kvpilot.engine.server.idempotency import IdempotencyStore
-from kvpilot.engine.stats_contract import FAILURE_REASONS
+from kvpilot.engine.server.idempotency import DEFAULT_MAX_BYTES, IdempotencyStore
+from kvpilot.engine.server.request_guard import DEFAULT_MAX_BODY_BYTES
+from kvpilot.engine.server.result_log import ResultLog
+from kvpilot.engine.server.text_checks import longest_token_chars
 
 log = logging.getLogger("kvpilot.server")
 
-STATS_TIMEOUT_SECONDS = 5.0
+# The feed waits this long for a snapshot between two engine steps, then serves the last one with
+# its age: well under the sidecar's 2 s scrape timeout, so a busy engine is never reported down.
+STATS_WAIT_SECONDS = 1.0
+CPU_WORKERS = 2  # tokenisation and chat templates, off the event loop
 
 
 @dataclass
@@ -33,6 +41,10 @@ class ServerSettings:
     default_completion_max_tokens: int = 16  # /v1/completions default, as OpenAI's
     idempotency_ttl_seconds: float = 600.0
     idempotency_max_keys: int = 10_000
+    idempotency_max_bytes: int = DEFAULT_MAX_BYTES
+    max_concurrent_scores: int = 4
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    api_key: str | None = field(default=None, repr=False)
     warmup: bool = True
     faults: FaultSettings = field(default_factory=FaultSettings)  # test only
 
@@ -53,13 +65,18 @@ class ServerRuntime:
         self.engine: Any = None
         self.loop: EngineLoop | None = None
         self.admission: Admission | None = None
-        self.idempotency = IdempotencyStore(settings.idempotency_ttl_seconds, settings.idempotency_max_keys)
+        self.idempotency = IdempotencyStore(
+            settings.idempotency_ttl_seconds, settings.idempotency_max_keys, settings.idempotency_max_bytes
+        )
+        self.cpu_pool = concurrent.futures.ThreadPoolExecutor(CPU_WORKERS, thread_name_prefix="kvpilot-cpu")
+        self.in_flight: set[ResultLog] = set()  # completions not yet ended (the drain waits for them)
         self.created = int(time.time())
         self.warmup_seconds: float | None = None
         self._factory = engine_factory
         self._warm_up = warm_up
         self._on_ready = on_ready
-        self._last_stats: dict[str, Any] | None = None
+        self._last_stats: tuple[float, dict[str, Any]] | None = None  # (taken at, Unix time; snapshot)
+        self._stats_pending: concurrent.futures.Future | None = None
         self.faults = FaultInjector(settings.faults)
         # Requests that ended in an error after admission, by reason. Counted here, on the event
         # loop, because every such ending passes through the API layer; merged into the feed.
@@ -90,9 +107,12 @@ class ServerRuntime:
                 max_num_seqs=int(engine.config.max_num_seqs),
                 max_queue=self.settings.max_queue,
                 record_rejection=self.record_rejection,
+                max_scores=self.settings.max_concurrent_scores,
+                max_token_chars=longest_token_chars(engine.tokenizer),
             )
             if self._on_ready is not None:
                 self._on_ready(engine)  # before the loop starts: the engine is still this thread's
+            self._last_stats = _take_snapshot(engine)
             before_step = self.faults.before_step if self.settings.faults.latency_ms > 0 else None
             self.loop = EngineLoop(engine, before_step=before_step).start()
             if self.state == "stopping":
@@ -120,6 +140,38 @@ class ServerRuntime:
         self.state = "stopping"
         if self.loop is not None:
             self.loop.stop()
+        self.cpu_pool.shutdown(wait=False, cancel_futures=True)
+
+    def track(self, result: ResultLog) -> None:
+        """Count a completion as in flight until it ends (the drain waits for these)."""
+        self.in_flight.add(result)
+        result.on_end(self.in_flight.discard)
+
+    async def drain(self, grace: float) -> int:
+        """Wait up to `grace` seconds for in-flight completions; fail the rest with a shutdown error
+        (streams end with it as their last event). Returns how many were cut."""
+        deadline = time.monotonic() + grace
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        cut = list(self.in_flight)
+        for result in cut:
+            self.record_failure("shutdown")
+            result.fail(
+                APIError(
+                    503,
+                    f"the server is shutting down: this request did not finish within the {grace:g} s "
+                    "shutdown grace (--shutdown-grace) and was aborted; retry it",
+                    code="shutdown",
+                )
+            )
+            result.cancel()
+        if cut:
+            log.warning("drain: %d request(s) still running after %.1f s were aborted", len(cut), grace)
+        return len(cut)
+
+    async def run_cpu(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run CPU-heavy work (tokenising, chat templates) on the CPU pool, not the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self.cpu_pool, fn, *args)
 
     # ---- used by routes ----
     @property
@@ -172,20 +224,40 @@ class ServerRuntime:
         self.failed_total[reason] = self.failed_total.get(reason, 0) + 1
 
     async def stats(self) -> dict[str, Any] | None:
-        """The engine's stats feed, taken on the engine thread between two steps."""
+        """The engine's stats feed, taken on the engine thread between two steps. When the engine
+        is busy for longer than STATS_WAIT_SECONDS, the last snapshot, with its age."""
         if self.loop is None or not self.loop.alive:
             return None
-        future = self.loop.call(lambda engine: engine.stats())
-        try:
-            snapshot = await asyncio.wait_for(asyncio.wrap_future(future), STATS_TIMEOUT_SECONDS)
-        except TimeoutError:
-            return None if self._last_stats is None else self._with_server_counters(self._last_stats)
-        self._last_stats = snapshot
-        return self._with_server_counters(snapshot)
+        if self._stats_pending is None or self._stats_pending.done():
+            # One request to the engine thread at a time: scrapes of a busy engine must not pile up.
+            self._stats_pending = self.loop.call(_take_snapshot)
+            self._stats_pending.add_done_callback(self._keep_snapshot)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(self._stats_pending)), STATS_WAIT_SECONDS)
+        if self._last_stats is None:
+            return None
+        taken_at, snapshot = self._last_stats
+        return self._with_server_fields(snapshot, taken_at)
 
-    def _with_server_counters(self, snapshot: dict[str, Any]) -> dict[str, Any]:
+    def _keep_snapshot(self, future: concurrent.futures.Future) -> None:
+        # Runs on the engine thread when a snapshot arrives, even after the caller stopped waiting.
+        if future.cancelled() or future.exception() is not None:
+            return
+        taken = future.result()
+        if self._last_stats is None or taken[0] >= self._last_stats[0]:
+            self._last_stats = taken
+
+    def _with_server_fields(self, snapshot: dict[str, Any], taken_at: float) -> dict[str, Any]:
         requests = {**snapshot.get("requests", {}), "failed_total": dict(self.failed_total)}
-        return {**snapshot, "requests": requests}
+        # The served name, never the model's file path (labels must not leak the filesystem).
+        engine = {**snapshot.get("engine", {}), "model": self.settings.model_name}
+        age = max(0.0, time.time() - taken_at)
+        return {**snapshot, "engine": engine, "requests": requests, "taken_at_seconds": taken_at, "age_seconds": age}
+
+
+def _take_snapshot(engine: Any) -> tuple[float, dict[str, Any]]:
+    snapshot = engine.stats()
+    return time.time(), snapshot
 
 
 def engine_max_model_len(engine: Any) -> int:

@@ -6,10 +6,13 @@ import asyncio
 import math
 from typing import Any
 
+from kvpilot.engine.server.admission import Admission
+from kvpilot.engine.server.engine_loop import EngineLoop
 from kvpilot.engine.server.errors import APIError
 from kvpilot.engine.server.protocol import ScoreRequest
 from kvpilot.engine.server.responses import ScoreResponse
 from kvpilot.engine.server.runtime import ServerRuntime
+from kvpilot.engine.server.text_checks import check_unicode, prompt_chars
 
 SCORE_TIMEOUT_SECONDS = 120.0
 
@@ -26,9 +29,26 @@ def continuation_ids(tokenizer: Any, text: str) -> list[int]:
 async def score(runtime: ServerRuntime, req: ScoreRequest) -> ScoreResponse:
     engine_loop, admission = runtime.require_ready()
     runtime.check_model(req.model)
+    try:
+        check_unicode(req)
+    except APIError:
+        runtime.record_rejection("invalid")
+        raise
+    admission.check_prompt_chars(prompt_chars(req), "continuation")
+    admission.acquire_score()
+    try:
+        return await _score(runtime, engine_loop, admission, req)
+    finally:
+        admission.release_score()
+
+
+def _encode_both(tokenizer: Any, req: ScoreRequest) -> tuple[list[int], list[int]]:
+    return list(tokenizer.encode(req.prompt)), continuation_ids(tokenizer, req.continuation)
+
+
+async def _score(runtime: ServerRuntime, engine_loop: EngineLoop, admission: Admission, req: ScoreRequest) -> ScoreResponse:
     tokenizer = runtime.tokenizer
-    prompt_ids = list(tokenizer.encode(req.prompt))
-    cont_ids = continuation_ids(tokenizer, req.continuation)
+    prompt_ids, cont_ids = await runtime.run_cpu(_encode_both, tokenizer, req)
     if not cont_ids:
         runtime.record_rejection("invalid")
         raise APIError(
@@ -44,7 +64,8 @@ async def score(runtime: ServerRuntime, req: ScoreRequest) -> ScoreResponse:
             param="continuation",
             code="context_length_exceeded",
         )
-    future = engine_loop.call(lambda engine: engine.score(prompt_ids, cont_ids))
+    # heavy: the engine thread runs at most one score between two steps, so streams keep flowing.
+    future = engine_loop.call(lambda engine: engine.score(prompt_ids, cont_ids), heavy=True)
     try:
         logprobs = await asyncio.wait_for(asyncio.wrap_future(future), SCORE_TIMEOUT_SECONDS)
     except TimeoutError as exc:
@@ -54,7 +75,7 @@ async def score(runtime: ServerRuntime, req: ScoreRequest) -> ScoreResponse:
     except Exception as exc:
         runtime.record_rejection("internal_error")
         runtime.record_failure("engine_error")
-        raise APIError(500, f"internal error while scoring: {type(exc).__name__}: {exc}") from exc
+        raise APIError(500, f"internal error while scoring: {type(exc).__name__}: {exc}", code="internal_error") from exc
     values = [float(v) for v in logprobs]
     if len(values) != len(cont_ids) or not all(math.isfinite(v) for v in values):
         runtime.record_rejection("internal_error")

@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from kvpilot.engine.metrics.stats_contract import STATS_PATH
 from kvpilot.engine.server.middleware import StrategyHeaderMiddleware
 from kvpilot.engine.server.runtime import ServerRuntime
-from kvpilot.engine.stats_contract import STATS_PATH
 
 
 def create_stats_app(runtime: ServerRuntime) -> FastAPI:

@@ -1,6 +1,6 @@
-"""Memory strategies that change weights or approximate attention, in pure torch.
+"""One package per memory strategy: its math, its layer, its load-time transform and its runtime check.
 
-`gqa_conversion` (mean-pool KV heads), `mla_conversion` (shared K/V latent by SVD),
-`performer` (positive random features + exact recent window + summary), `validation`
-(runtime cosine check and fallback decision). The engine wires these in at load and decode.
+`gqa/` (mean-pooled KV heads), `mla/` (a shared K/V latent), `linear/` (Performer features + exact
+window), `kv_quant/` (int8 / fp8 caches, auto switching), `eviction/` (sinks + window, ladder).
+The torch-free knobs and refused combinations of all of them live in config/strategy.py.
 """

@@ -81,7 +81,10 @@ def _sidecar(spec: ServiceSpec) -> dict[str, Any]:
         "name": "sidecar",
         "image": spec.engine.image,
         "command": ["kvpilot", "sidecar"],
-        "args": ["--engine-url", f"http://127.0.0.1:{c.STATS_PORT}", "--port", str(c.METRICS_PORT)],
+        # The pod's own IP, not 0.0.0.0: Prometheus and the kubelet reach it there, nothing else.
+        "args": ["--engine-url", f"http://127.0.0.1:{c.STATS_PORT}", "--host", "$(POD_IP)",
+                 "--port", str(c.METRICS_PORT)],
+        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
         "ports": [{"name": "metrics", "containerPort": c.METRICS_PORT, "protocol": "TCP"}],
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
         "readinessProbe": _http_probe("/metrics", c.METRICS_PORT, period=10, failures=3),

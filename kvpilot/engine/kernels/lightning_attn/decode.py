@@ -12,6 +12,7 @@ import triton.language as tl
 
 from kvpilot.engine.kernels.dispatch import check_triton_device
 from kvpilot.engine.kernels.interpreter_compat import patch_interpreter
+from kvpilot.engine.kernels.lightning_attn.checks import check_qkv_state
 
 patch_interpreter()
 
@@ -58,16 +59,8 @@ def lightning_decode_triton(
     """q, k [B, H, Dk], v [B, H, Dv]; state_pool fp32 [slots, H, Dk, Dv] updated at slot_ids int32 [B]
     (-1 skips, its output row is zero) -> o [B, H, Dv]."""
     check_triton_device(q, k, v, slopes, state_pool, slot_ids)
-    assert q.dim() == 3 and q.shape == k.shape, f"q, k must be [B, H, Dk], got {tuple(q.shape)}, {tuple(k.shape)}"
-    assert v.dim() == 3 and v.shape[:2] == q.shape[:2], f"v must be [B, H, Dv], got {tuple(v.shape)}"
-    assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1, "last dims must be contiguous"
-    batch, num_heads, dk = q.shape
-    dv = v.shape[2]
-    assert state_pool.dim() == 4 and state_pool.shape[1:] == (num_heads, dk, dv), (
-        f"state_pool must be [num_slots, {num_heads}, {dk}, {dv}], got {tuple(state_pool.shape)}"
-    )
-    assert state_pool.dtype == torch.float32 and state_pool.is_contiguous(), "state_pool must be contiguous fp32"
-    assert slopes.shape == (num_heads,) and slopes.dtype == torch.float32, "slopes must be fp32 [H]"
+    num_heads, dk, dv = check_qkv_state(q, k, v, slopes, state_pool, "B")
+    batch = q.shape[0]
     assert slot_ids.shape == (batch,) and slot_ids.dtype == torch.int32, "slot_ids must be int32 [B]"
     out = torch.zeros(batch, num_heads, dv, dtype=q.dtype, device=q.device)
     if batch == 0:

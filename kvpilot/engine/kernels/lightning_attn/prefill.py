@@ -16,6 +16,7 @@ import triton.language as tl
 
 from kvpilot.engine.kernels.dispatch import check_triton_device
 from kvpilot.engine.kernels.interpreter_compat import patch_interpreter
+from kvpilot.engine.kernels.lightning_attn.checks import check_qkv_state
 
 patch_interpreter()
 
@@ -85,17 +86,8 @@ def lightning_prefill_triton(
     """Packed varlen q, k [T, H, Dk], v [T, H, Dv] from state_pool[slot_ids[b]] (fp32 [slots, H, Dk, Dv],
     updated in place; slot -1 skips a sequence and leaves its rows zero) -> o [T, H, Dv]."""
     check_triton_device(q, k, v, cu_seqlens, slopes, state_pool, slot_ids)
-    assert q.dim() == 3 and q.shape == k.shape, f"q, k must be [T, H, Dk], got {tuple(q.shape)}, {tuple(k.shape)}"
-    assert v.dim() == 3 and v.shape[:2] == q.shape[:2], f"v must be [T, H, Dv], got {tuple(v.shape)}"
+    num_heads, dk, dv = check_qkv_state(q, k, v, slopes, state_pool, "T")
     assert q.dtype == k.dtype == v.dtype, "q, k, v must share one dtype"
-    assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1, "last dims must be contiguous"
-    _, num_heads, dk = q.shape
-    dv = v.shape[2]
-    assert state_pool.dim() == 4 and state_pool.shape[1:] == (num_heads, dk, dv), (
-        f"state_pool must be [num_slots, {num_heads}, {dk}, {dv}], got {tuple(state_pool.shape)}"
-    )
-    assert state_pool.dtype == torch.float32 and state_pool.is_contiguous(), "state_pool must be contiguous fp32"
-    assert slopes.shape == (num_heads,) and slopes.dtype == torch.float32, "slopes must be fp32 [H]"
     assert cu_seqlens.dtype == torch.int32 and slot_ids.dtype == torch.int32, "cu_seqlens, slot_ids must be int32"
     batch = slot_ids.shape[0]
     assert cu_seqlens.shape == (batch + 1,), f"cu_seqlens must be [B+1] = [{batch + 1}]"

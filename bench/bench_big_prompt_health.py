@@ -1,0 +1,89 @@
+"""How a large prompt affects `/health` on a running `kvpilot serve` (issue 22, finding 1).
+
+Starts `kvpilot serve` on a tiny CPU checkpoint (the PYTHONPATH decides which tree runs), sends
+each prompt size once while another thread polls `/health` every 20 ms, and prints the status,
+the request's time and the slowest `/health` answer. Not a test: figures go to docs/reliability.md.
+
+    PYTHONPATH=$PWD python bench/bench_big_prompt_health.py --model /tmp/tiny-llama
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _probe(base: str, body: bytes) -> tuple[int, float, float, int]:
+    latencies: list[float] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        with httpx.Client(timeout=300) as client:
+            while not stop.is_set():
+                start = time.monotonic()
+                client.get(base + "/health")
+                latencies.append(time.monotonic() - start)
+                time.sleep(0.02)
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    start = time.monotonic()
+    response = httpx.post(base + "/v1/completions", content=body, headers={"content-type": "application/json"},
+                          timeout=600)
+    elapsed = time.monotonic() - start
+    time.sleep(0.3)
+    stop.set()
+    thread.join(600)
+    return response.status_code, elapsed, max(latencies), len(latencies)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--sizes-mb", default="0.6,2.4,10", help="prompt sizes in MB (comma separated)")
+    args = parser.parse_args()
+    port, stats = _port(), _port()
+    cmd = [sys.executable, "-m", "kvpilot.cli", "serve", "--model", str(args.model), "--port", str(port),
+           "--stats-port", str(stats), "--max-model-len", "256", "--cpu-memory-budget", "16MiB",
+           "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(1200):
+            try:
+                if httpx.get(base + "/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        print("| prompt | body bytes | status | request s | slowest /health s | /health answers |")
+        print("|---|---|---|---|---|---|")
+        for mb in (float(x) for x in args.sizes_mb.split(",")):
+            prompt = "hello world " * int(mb * 1e6 / 12)
+            body = json.dumps({"model": args.model.name, "prompt": prompt, "max_tokens": 1}).encode()
+            status, elapsed, slowest, answers = _probe(base, body)
+            print(f"| {mb:g} MB | {len(body)} | {status} | {elapsed:.2f} | {slowest:.3f} | {answers} |", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""EngineConfig: everything an LLMEngine needs, checked when it is built (torch-free).
+
+A field made with `knob(default, help)` is also a `kvpilot serve` flag (config/arguments.py derives
+the parser from the fields, as vLLM's arg_utils does): a new knob is added here, once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvpilot.engine.config.strategy import (
+    EVICTION_MODES,
+    KV_CACHE_DTYPES,
+    check_eviction_config,
+    check_kv_strategy,
+    check_linear_strategy,
+)
+
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+def knob(default: Any, help: str, **cli: Any) -> Any:
+    """A field that is also a `kvpilot serve` flag: `help` is its help text; `cli` may set `flag`
+    (the flag's name when it is not --field-name) and `choices`."""
+    return field(default=default, metadata={"help": help, **cli})
+
+
+@dataclass
+class EngineConfig:
+    """Everything an LLMEngine needs: the model directory plus memory and batching limits."""
+
+    model: str
+    dtype: str = knob("auto", "compute dtype (auto: the checkpoint's on CUDA, float32 on CPU)", choices=DTYPES)
+    device: str = knob("auto", "auto | cpu | cuda | cuda:N")
+    block_size: int = knob(16, "tokens per KV block (a power of two)")
+    num_kv_blocks: int | None = knob(None, "KV pool size in blocks (default: from the capacity plan)")
+    gpu_memory_utilization: float = 0.9
+    cpu_kv_cache_bytes: int = 64 * 2**20
+    max_num_seqs: int = knob(64, "sequences running at once")
+    max_num_batched_tokens: int = knob(2048, "tokens per step (prefill budget)")
+    max_model_len: int | None = knob(None, "prompt + output tokens at most (default: config.json)")
+    enable_prefix_caching: bool = knob(True, "reuse the KV blocks of a shared prompt prefix")
+    enable_chunked_prefill: bool = knob(True, "split long prompts over steps", flag="--chunked-prefill")
+    weight_sha256: dict[str, str] = field(default_factory=dict)
+    kv_cache_dtype: str = knob(
+        "auto", "auto: the model dtype (switching to int8 by batch size with --kv-quant-auto-threshold); "
+        "int8 / fp8: 8-bit KV dequantised in the attention kernels", choices=KV_CACHE_DTYPES,
+    )  # fmt: skip
+    show_progress: bool = True
+    # Memory strategies (config/strategy.py checks them all), each with its off switch.
+    attention: str = knob("native", "memory strategy: native | gqa | mla | linear")
+    kv_head_groups: int | None = knob(None, "gqa: KV heads after mean-pooling the checkpoint's")
+    disable_gqa: bool = knob(False, "serve the checkpoint's own KV heads")
+    kv_quant_auto_threshold: int | None = knob(None, "auto: new sequences get int8 blocks at this running batch size")
+    kv_quant_auto_hysteresis: int | None = knob(
+        None, "auto: back to 16-bit below threshold minus this (threshold/4)"
+    )
+    kv_quant_auto_split: float = knob(0.5, "auto: share of the KV memory for 16-bit blocks")
+    disable_kv_quant: bool = knob(False, "serve the 16-bit KV cache")
+    latent_rank: int | None = knob(None, "mla: width of the SVD latent cached per token and layer")
+    disable_mla: bool = knob(False, "serve the original attention (DeepSeek: no absorbed decode)")
+    linear_window: int = knob(64, "linear: most recent tokens attended exactly")
+    linear_features: int | None = knob(None, "linear: random features per KV head (head_dim)")
+    linear_seed: int = 0  # seeds the feature draw (part of the converted model)
+    disable_linear: bool = knob(False, "serve the checkpoint's softmax attention")
+    eviction: str = knob(
+        "none", "long context: keep attention sinks + a recent window (ladder: older spans kept sparsely)",
+        choices=EVICTION_MODES,
+    )  # fmt: skip
+    eviction_sinks: int = knob(4, "eviction: first tokens always kept")
+    eviction_window: int = knob(1024, "eviction: recent tokens kept")
+    eviction_ladder_span: int | None = knob(None, "ladder: tokens per level (default: window)")
+    validate_every: int = knob(100, "decode tokens between validations")
+    validation_sample_rate: float = knob(0.1, "share of sequences validated")
+    validation_layer: int = 0  # the layer compared (negative: from the end); a check costs ~(layer+1)/L of a prefill
+    validation_threshold: float = 0.92  # cosine below this moves the sequence to the exact path
+    head_utilization_every: int = knob(64, "decode steps between head-utilisation samples")
+    cuda_graphs: bool = knob(False, "replay CUDA graphs for decode-only steps (CUDA)")
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two >= 1, got {self.block_size}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(
+                f"num_kv_blocks must be >= 1 or None (size automatically), got {self.num_kv_blocks}"
+            )
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(
+                f"max_model_len must be >= 2 or None (from config.json), got {self.max_model_len}"
+            )
+        check_eviction_config(self)
+        check_kv_strategy(self)
+        if self.linear_window < 1 or (self.linear_features is not None and self.linear_features < 1):
+            raise ValueError(
+                f"linear_window ({self.linear_window}) and linear_features ({self.linear_features}) must be >= 1"
+            )
+        if self.latent_rank is not None and self.latent_rank < 1:
+            raise ValueError(f"latent_rank must be >= 1 or None (a DeepSeek model's own kv_lora_rank), got {self.latent_rank}")
+        check_linear_strategy(self)

@@ -1,0 +1,73 @@
+"""The attention layer: writes this step's K/V into the paged cache, then attends over it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvpilot.engine.context import Context, get_context
+from kvpilot.engine.kernels import paged_attention_decode, paged_attention_prefill, store_kvcache
+
+
+class Attention(nn.Module):
+    """Paged attention over one layer's k_cache/v_cache [num_blocks, block_size, Hkv, D]."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(
+                f"num_attention_heads ({num_heads}) must be a multiple of num_key_value_heads ({num_kv_heads})"
+            )
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.k_cache = torch.empty(0)
+        self.v_cache = torch.empty(0)
+        self.kv_quant: Any = None  # strategies/kv_quant/layer.LayerKVQuant when the cache is int8/fp8/auto-switched
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]."""
+        ctx = get_context()
+        if ctx.dense:
+            return self._dense_causal(q, k, v)
+        if self.kv_quant is not None:
+            return self.kv_quant.forward(self, q, k, v, ctx)
+        out_dtype, cache_dtype = q.dtype, self.k_cache.dtype
+        if cache_dtype != out_dtype:  # kv_cache_dtype differs from the model's: attend in the cache's
+            q, k, v = q.to(cache_dtype), k.to(cache_dtype), v.to(cache_dtype)
+        store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+        n_prefill = ctx.num_prefill_tokens
+        if n_prefill == q.shape[0]:
+            o = self._prefill(q, ctx)
+        elif n_prefill == 0:
+            o = self._decode(q, ctx)
+        else:  # a mixed step: chunks through the varlen kernel, decodes through the decode kernel
+            o = torch.empty_like(q)
+            o[:n_prefill] = self._prefill(q[:n_prefill], ctx)
+            o[n_prefill:] = self._decode(q[n_prefill:], ctx)
+        return o.to(out_dtype)
+
+    def _prefill(self, q: torch.Tensor, ctx: Context) -> torch.Tensor:
+        return paged_attention_prefill(
+            q, self.k_cache, self.v_cache, ctx.block_tables, ctx.cu_seqlens_q, ctx.context_lens, self.scale
+        )
+
+    def _decode(self, q: torch.Tensor, ctx: Context) -> torch.Tensor:
+        return paged_attention_decode(
+            q, self.k_cache, self.v_cache, ctx.decode_block_tables, ctx.decode_context_lens, self.scale
+        )
+
+    def _dense_causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        group = self.num_heads // self.num_kv_heads
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        # 4-D [1, H, T, D]: SDPA's flash / memory-efficient kernels take only 4-D inputs; 3-D fell back to the
+        # math kernel, whose [H, T, T] scores took 32 GiB at 16k tokens (runtime validation's dense recompute)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], is_causal=True, scale=self.scale
+        )
+        return out[0].transpose(0, 1)

@@ -1,0 +1,102 @@
+"""The engine's stats feed (`GET 127.0.0.1:8001/stats`, JSON): the contract between engine and sidecar.
+
+Torch-free on purpose: the sidecar imports this module and nothing else of the engine.
+The engine computes every value; the sidecar only renames and exports. Counters are
+cumulative since `engine.start_time_seconds`; a new `engine.instance_id` means the engine
+restarted and counters began again.
+
+Shape (every key below is always present; values that do not apply yet are null or 0)::
+
+    {
+      "schema_version": 1,
+      "taken_at_seconds": float,  # Unix time the snapshot was taken on the engine thread  } added by
+      "age_seconds": float,       # seconds since then, when served: > 0 means the engine } the API
+                                  # thread was busy and the last snapshot was served       } server
+      "engine": {"instance_id": str, "model": str, "strategy": str, "device": "cpu"|"cuda",
+                 "start_time_seconds": float, "ready": bool, "kv_cache_dtype": str,
+                 "mla": {"mode": "off"|"native"|"converted", "latent_width": int|null,
+                         "absorbed_decode": bool, "latent_rank": int|null,
+                         "reconstruction_error": float|null,      # mean over layers, relative
+                         "reconstruction_error_max": float|null,  # Frobenius of the K/V SVD (converted)
+                         "reconstruction_error_k": float|null, "reconstruction_error_v": float|null}},
+      "kv": {"block_size": int, "bytes_per_block": int, "blocks_total": int, "blocks_free": int,
+             "blocks_used": int, "blocks_cached": int,
+             "live_token_slots": int,        # tokens whose K/V are stored for live sequences
+             "allocated_token_slots": int,   # blocks held by live sequences x block_size
+             "efficiency": float|null,       # live / allocated (bytes ratio), null with no live seq
+             "sequences_by_dtype": {dtype: int}},  # running sequences per KV cache dtype (auto switching)
+      "prefix_cache": {"queried_tokens_total": int, "hit_tokens_total": int},
+      "memory_bytes": {"weights": int, "kv_pool": int, "kv_used": int, "activation_peak": int,
+                       "torch_reserved": int, "torch_allocated": int},
+      "requests": {"running": int, "waiting": int, "finished_total": int, "aborted_total": int,
+                   "rejected_total": {reason: int}, "preemptions_total": int,
+                   "prompt_tokens_total": int, "generation_tokens_total": int,
+                   "oom_events_total": int, "max_concurrency": int,
+                   "failed_total": {reason: int}},  # ended in an error after admission; added by
+                                                    # the API server (absent from LLMEngine.stats())
+      "latency": {"ttft_seconds": HIST, "tpot_seconds": HIST, "e2e_seconds": HIST},
+      "linear": {"summary_hits_total": int, "summary_misses_total": int},
+      "gqa_head_utilization": [{"layer": int, "kv_head": int, "value": float}],
+      "validation": {"checks_total": int, "fallbacks_total": {reason: int},
+                     "last_cosine": float|null, "checks_skipped_total": int}
+    }
+
+HIST is a cumulative histogram over the fixed bucket bounds in LATENCY_BUCKETS_SECONDS:
+``{"buckets": [count_le_b0, count_le_b1, ..., count_le_inf], "sum": float, "count": int}``
+with ``len(buckets) == len(LATENCY_BUCKETS_SECONDS) + 1`` and the last entry equal to count.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SCHEMA_VERSION = 1
+STATS_PATH = "/stats"
+DEFAULT_STATS_PORT = 8001
+
+LATENCY_BUCKETS_SECONDS: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+    1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0,
+)
+
+HISTOGRAM_KEYS = ("ttft_seconds", "tpot_seconds", "e2e_seconds")
+
+# Rejection reasons the engine counts under requests.rejected_total.
+REJECT_REASONS = ("too_long", "queue_full", "invalid", "internal_error")
+# Why a request ended in an error after it was admitted, counted under requests.failed_total
+# (added by the API server): an injected test fault (--fault-error-rate), the engine failed it,
+# the server failed it, scoring timed out, or the drain deadline cut it.
+FAILURE_REASONS = ("fault", "engine_error", "internal", "timeout", "shutdown")
+# Fallback reasons counted under validation.fallbacks_total.
+FALLBACK_REASONS = ("low_cosine", "kernel_error", "nan")
+
+
+class Histogram:
+    """A cumulative latency histogram over LATENCY_BUCKETS_SECONDS, serialisable into the feed."""
+
+    def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS_SECONDS) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # per-bucket (non-cumulative) counts
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        index = len(self.bounds)
+        for i, bound in enumerate(self.bounds):
+            if value <= bound:
+                index = i
+                break
+        self.counts[index] += 1
+        self.sum += value
+        self.count += 1
+
+    def to_feed(self) -> dict[str, Any]:
+        cumulative, running = [], 0
+        for c in self.counts:
+            running += c
+            cumulative.append(running)
+        return {"buckets": cumulative, "sum": self.sum, "count": self.count}
+
+
+def empty_histogram() -> dict[str, Any]:
+    return Histogram().to_feed()

@@ -1,0 +1,230 @@
+"""`kvpilot serve`: the engine behind an OpenAI-compatible API, plus the stats feed for the sidecar."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from kvpilot.engine.config.arguments import add_config_arguments, config_kwargs
+from kvpilot.engine.metrics.stats_contract import DEFAULT_STATS_PORT
+from kvpilot.engine.server.idempotency import DEFAULT_MAX_BYTES as DEFAULT_IDEMPOTENCY_BYTES
+from kvpilot.engine.server.request_guard import DEFAULT_MAX_BODY_BYTES
+
+log = logging.getLogger("kvpilot.server")
+
+DEFAULT_CPU_MEMORY_BUDGET = "256MiB"
+DRAIN_FLUSH_SECONDS = 5.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, type=Path, help="HF-format model directory")
+    parser.add_argument(
+        "--model-sha256",
+        metavar="HEX",
+        help="refuse to start unless the checkpoint digest matches (sha256 of the sha256sum-style "
+        "manifest of the *.safetensors files; print it with `kvpilot digest DIR`)",
+    )
+    parser.add_argument(
+        "--served-model-name", help="name clients pass as `model` (default: the directory name)"
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--stats-host", default="127.0.0.1", help="the stats feed binds here (sidecar only)")
+    parser.add_argument("--stats-port", type=int, default=DEFAULT_STATS_PORT)
+    add_config_arguments(parser.add_argument_group("engine"))  # one flag per EngineConfig knob
+    plan = parser.add_argument_group("capacity plan")
+    plan.add_argument("--kv-watermark", type=float, default=0.8, help="share of free memory for the KV pool")
+    plan.add_argument(
+        "--cpu-memory-budget",
+        default=DEFAULT_CPU_MEMORY_BUDGET,
+        help=f"memory the plan may use on CPU, weights included (default {DEFAULT_CPU_MEMORY_BUDGET})",
+    )
+    api = parser.add_argument_group("API")
+    api.add_argument("--strategy-name", help="X-Model-Strategy value (default: from the engine config)")
+    api.add_argument("--max-queue", type=int, default=256, help="requests waiting beyond max-num-seqs")
+    api.add_argument(
+        "--idempotency-ttl", type=float, default=600.0, help="seconds an Idempotency-Key is kept"
+    )
+    api.add_argument("--idempotency-max-keys", type=int, default=10_000)
+    api.add_argument(
+        "--idempotency-max-bytes", type=int, default=DEFAULT_IDEMPOTENCY_BYTES,
+        help=f"memory the kept results may hold together; the oldest go first (default {DEFAULT_IDEMPOTENCY_BYTES})",
+    )  # fmt: skip
+    api.add_argument(
+        "--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+        help=f"largest request body accepted; larger ones get a 413 before they are read (default {DEFAULT_MAX_BODY_BYTES})",
+    )  # fmt: skip
+    api.add_argument(
+        "--max-concurrent-scores", type=int, default=4,
+        help="POST /v1/score requests in flight at most; more get a 429 with Retry-After",
+    )  # fmt: skip
+    key = api.add_mutually_exclusive_group()
+    key.add_argument(
+        "--api-key", help="require `Authorization: Bearer KEY` on every route but /health and /ready "
+        "(prefer --api-key-file: a flag shows in the process list)",
+    )  # fmt: skip
+    key.add_argument("--api-key-file", type=Path, help="read the API key from this file (e.g. a mounted Secret)")
+    api.add_argument("--no-warmup", action="store_true", help="skip the start-up warm-up")
+    api.add_argument(
+        "--shutdown-grace", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
+    )
+    api.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    faults = parser.add_argument_group(
+        "fault injection (TEST ONLY: for rollout and reliability tests; never in production)"
+    )
+    faults.add_argument(
+        "--fault-latency-ms", type=float, default=0.0, metavar="MS",
+        help="TEST ONLY: sleep MS before every engine step, so TTFT and every inter-token gap rise by "
+        "about MS (default 0: off)",
+    )  # fmt: skip
+    faults.add_argument(
+        "--fault-error-rate", type=float, default=0.0, metavar="P",
+        help="TEST ONLY: answer this share (0-1) of generation requests with HTTP 500, counted in "
+        "requests_failed_total{reason=\"fault\"} (default 0: off)",
+    )  # fmt: skip
+    faults.add_argument("--fault-seed", type=int, help="TEST ONLY: seed for --fault-error-rate draws")
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config, settings, plan_text = _prepare(args)
+    except (OSError, ValueError) as exc:
+        print(f"kvpilot serve: {exc}", file=sys.stderr)
+        return 2
+    print(plan_text, flush=True)
+    return asyncio.run(_serve(args, config, settings))
+
+
+def _prepare(args: argparse.Namespace) -> tuple[Any, Any, str]:
+    from kvpilot.checkpoint_digest import verify_checkpoint
+    from kvpilot.engine.config import EngineConfig
+    from kvpilot.engine.server import ServerSettings
+    from kvpilot.engine.server.auth import read_key_file
+    from kvpilot.engine.server.capacity import parse_bytes, plan_for, resolve_device, strategy_name
+    from kvpilot.engine.server.faults import FaultSettings
+    from kvpilot.planner import PlannerError, format_plan
+
+    if not (args.model / "config.json").is_file():
+        raise ValueError(f"{args.model} is not a model directory: config.json is missing")
+    faults = FaultSettings(args.fault_latency_ms, args.fault_error_rate, args.fault_seed)
+    api_key = read_key_file(args.api_key_file) if args.api_key_file else args.api_key
+    if args.max_body_bytes < 1 or args.max_concurrent_scores < 1 or args.idempotency_max_bytes < 1:
+        raise ValueError("--max-body-bytes, --max-concurrent-scores and --idempotency-max-bytes must be at least 1")
+    if args.model_sha256:
+        verify_checkpoint(args.model, args.model_sha256)
+    config = EngineConfig(model=str(args.model), show_progress=False, **config_kwargs(args))
+    device = resolve_device(config.device)
+    try:
+        plan = plan_for(config, device, parse_bytes(args.cpu_memory_budget), args.kv_watermark)
+    except PlannerError as exc:
+        raise ValueError(f"capacity plan: {exc}") from exc
+    lines = ["capacity plan (kvpilot.planner):", format_plan(plan)]
+    if config.num_kv_blocks is not None:
+        lines.append(f"KV pool: {config.num_kv_blocks} blocks, as --num-kv-blocks asks (plan not applied)")
+    elif not plan.feasible:
+        raise ValueError(f"the capacity plan does not fit: {plan.reason}")
+    else:
+        config.num_kv_blocks = plan.num_blocks
+        lines.append(f"KV pool: {plan.num_blocks} blocks, sized from the plan")
+    settings = ServerSettings(
+        model_name=args.served_model_name or args.model.resolve().name,
+        strategy=args.strategy_name or strategy_name(config),
+        max_queue=args.max_queue,
+        idempotency_ttl_seconds=args.idempotency_ttl,
+        idempotency_max_keys=args.idempotency_max_keys,
+        idempotency_max_bytes=args.idempotency_max_bytes,
+        max_body_bytes=args.max_body_bytes,
+        max_concurrent_scores=args.max_concurrent_scores,
+        api_key=api_key,
+        warmup=not args.no_warmup,
+        faults=faults,
+    )
+    if faults.active:
+        lines.append(
+            f"TEST-ONLY FAULTS ON: +{faults.latency_ms:g} ms per engine step, "
+            f"{faults.error_rate:g} of generations answered 500"
+        )
+    return config, settings, "\n".join(lines)
+
+
+class _Server:
+    """uvicorn.Server whose signal handling is ours: one SIGTERM stops both servers, exit 0."""
+
+    @staticmethod
+    def make(app: Any, host: str, port: int, log_level: str, grace: float | None) -> Any:
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:
+                yield
+
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=grace, lifespan="on"
+        )
+        return Server(config)
+
+
+async def _serve(args: argparse.Namespace, config: Any, settings: Any) -> int:
+    from kvpilot.engine.llm_engine import LLMEngine
+    from kvpilot.engine.server import ServerRuntime, create_app, create_stats_app
+    from kvpilot.engine.server.warmup import warm_up
+
+    def on_ready(engine: Any) -> None:
+        stats = engine.stats()
+        kv = stats.get("kv", {})
+        print(
+            f"engine ready: {kv.get('blocks_total')} KV blocks of {kv.get('block_size')} tokens "
+            f"({kv.get('bytes_per_block')} bytes each), max_model_len {engine.max_model_len}, "
+            f"max_num_seqs {engine.config.max_num_seqs}, strategy {settings.strategy}",
+            flush=True,
+        )
+
+    runtime = ServerRuntime(settings, lambda: LLMEngine(config), warm_up=warm_up, on_ready=on_ready)
+    # uvicorn's own deadline is a backstop: runtime.drain() ends what is left at --shutdown-grace
+    # with an error event, and the streams need a moment to send it.
+    backstop = args.shutdown_grace + DRAIN_FLUSH_SECONDS
+    api = _Server.make(create_app(runtime), args.host, args.port, args.log_level, backstop)
+    stats = _Server.make(create_stats_app(runtime), args.stats_host, args.stats_port, args.log_level, 1.0)
+    failure: list[str] = []
+    drains: list[asyncio.Task] = []
+
+    def stop(*_: Any) -> None:
+        # The stats feed stays up during the drain (the sidecar keeps reporting); it stops after the API.
+        runtime.begin_drain()
+        api.should_exit = True
+        if not drains:
+            drains.append(loop.create_task(runtime.drain(args.shutdown_grace)))
+
+    def on_failure(message: str) -> None:
+        failure.append(message)
+        loop.call_soon_threadsafe(stop)
+
+    loop = asyncio.get_running_loop()
+    runtime.on_failure = on_failure
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    stats_task = asyncio.create_task(stats.serve())
+    await api.serve()
+    stop()
+    for drain in drains:
+        drain.cancel()
+    stats.should_exit = True
+    await stats_task
+    runtime.shutdown()
+    if failure:
+        print(f"kvpilot serve: the engine failed to start: {failure[0]}", file=sys.stderr)
+        return 1
+    if not api.started:
+        return 1
+    return 0

@@ -1,0 +1,1 @@
+"""Linear attention: Performer random features (features.py), the converted layer (attention.py), runtime check.py."""

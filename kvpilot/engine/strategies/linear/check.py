@@ -1,0 +1,52 @@
+"""Runtime validation of the Performer conversion (attention="linear"): exact side and fallback.
+
+Exact side: the model run densely with every converted layer forced to plain softmax attention.
+Fallback: without eviction the converted layers keep every token's K/V in the paged cache, so an
+exact path exists (with eviction, when the whole context fits the pool); the sequence is flagged
+`exact_path` and recomputed from token 0 (its recurrent state is freed, its K/V rewritten by exact
+attention, eviction skips it), after which it attends to its whole context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kvpilot.engine.core.sequence import Sequence
+from kvpilot.engine.strategies.eviction.check import EvictionCheck
+from kvpilot.engine.strategies.linear.attention import PerformerAttention
+from kvpilot.engine.validation.runner import forcing_exact
+
+
+class PerformerCheck(EvictionCheck):
+    """The Performer conversion's ApproximationCheck (validation/runner.py); its exact path is the
+    whole context, which must fit the KV pool when eviction dropped blocks (as EvictionCheck asks)."""
+
+    name = "linear"
+
+    def __init__(
+        self, runner: Any, block_manager: Any, requeue: Callable[[Sequence], None], evicting: bool
+    ) -> None:
+        super().__init__(runner, block_manager, requeue)
+        self.evicting = evicting
+
+    def applies(self, seq: Sequence) -> bool:
+        return not seq.exact_path
+
+    def exact_attention(self, seq: Sequence, layer: int, num_tokens: int) -> torch.Tensor:
+        with forcing_exact(self.runner.model, PerformerAttention):
+            return super().exact_attention(seq, layer, num_tokens)
+
+    def can_fall_back(self, seq: Sequence) -> bool:
+        return not self.evicting or super().can_fall_back(seq)
+
+
+def linear_checks(
+    runner: Any, block_manager: Any, requeue: Callable[[Sequence], None], evicting: bool
+) -> list[PerformerCheck]:
+    """The Performer check when the runner serves converted layers, else none."""
+    if any(isinstance(m, PerformerAttention) for m in runner.model.modules()):
+        return [PerformerCheck(runner, block_manager, requeue, evicting)]
+    return []

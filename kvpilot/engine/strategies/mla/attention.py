@@ -1,0 +1,105 @@
+"""MLA conversion of a loaded Llama/Mistral/Qwen2 model: K/V through one shared SVD latent per layer.
+
+`convert_to_mla(model, rank)` replaces every layer's `self_attn` by `ConvertedMlaAttention`: the
+latent c = down x (width `rank`) is what the paged cache holds; attention reconstructs
+K = up_k c (+ bias), applies RoPE at each cached token's position, and V = up_v c (+ bias), then runs
+causal softmax attention (layers/latent_attention.LatentAttention). All head dims are factorised (rope_dims 0
+in strategies/mla/svd.py): these checkpoints were trained with RoPE on every dim, so the
+reconstructed key is rotated at attention time and W_UK is not absorbed (see docs/strategies.md).
+Decode runs batched with W_UV absorbed (strategies/mla/decode.py); prefill decompresses.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvpilot.engine.layers.latent_attention import LatentAttention
+from kvpilot.engine.models.llama import LlamaAttention
+from kvpilot.engine.strategies.mla.decode import DecodePlanner, converted_mla_decode
+from kvpilot.engine.strategies.mla.svd import MlaConversion, factorize_kv
+
+
+class ConvertedMlaAttention(nn.Module):
+    """q_proj, RoPE and o_proj of the source layer; K/V reconstructed from the cached latent."""
+
+    def __init__(
+        self, src: LlamaAttention, conv: MlaConversion, planner: DecodePlanner | None = None
+    ) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = src.num_heads, src.num_kv_heads, src.head_dim
+        self.q_proj, self.o_proj, self.rotary_emb = src.q_proj, src.o_proj, src.rotary_emb
+        dtype, device = src.k_proj.weight.dtype, src.k_proj.weight.device
+        self.register_buffer("down", conv.down.to(device, dtype))
+        self.register_buffer("up_k", conv.up_k.to(device, dtype))
+        self.register_buffer("up_v", conv.up_v.to(device, dtype))
+        self.register_buffer("k_bias", None if src.k_proj.bias is None else src.k_proj.bias.detach().clone())
+        self.register_buffer("v_bias", None if src.v_proj.bias is None else src.v_proj.bias.detach().clone())
+        self.attn = LatentAttention(self.num_heads, conv.rank, src.attn.scale)
+        self.conversion = conv
+        # The original projections stay for runtime validation's exact side (strategies/mla/check.py): dense
+        # passes only, since the paged cache holds latents. They cost weights, not KV memory.
+        self.k_proj, self.v_proj = src.k_proj, src.v_proj
+        self.force_exact = False
+        # the step's gather index, padding mask and RoPE table, shared by the layers of one model
+        self.planner = planner if planner is not None else DecodePlanner(src.rotary_emb.inv_freq)
+        # False: decode decompresses each sequence's whole context (the prefill path), the former
+        # decode kept as a reference for tests and bench/bench_mla_conversion_decode.py
+        self.batched_decode = True
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
+        q, _ = self.rotary_emb(positions, q, q[:, :1])
+        if self.force_exact:  # dense recompute with the checkpoint's own K/V (validation)
+            o = self.attn(q, x, positions, self._expand_exact)
+        else:
+            decode = self._decode if self.batched_decode else None
+            o = self.attn(q, F.linear(x, self.down), positions, self._expand, decode)
+        return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
+
+    def _expand(self, rows: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = rows.shape[0]
+        k = F.linear(rows, self.up_k, self.k_bias).view(n, self.num_kv_heads, self.head_dim)
+        v = F.linear(rows, self.up_v, self.v_bias).view(n, self.num_kv_heads, self.head_dim)
+        k, _ = self.rotary_emb(positions, k, k[:, :1])
+        return k, v
+
+    def _decode(
+        self, q: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor
+    ) -> torch.Tensor:
+        plan = self.planner.plan(block_tables, context_lens, cache.shape[1], q.dtype)
+        rows = plan.gather(cache).to(q.dtype)
+        return converted_mla_decode(
+            q, rows, plan, self.up_k, self.k_bias, self.up_v, self.v_bias, self.num_kv_heads, self.attn.scale
+        )
+
+    def _expand_exact(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = x.shape[0]
+        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        k, _ = self.rotary_emb(positions, k, k[:, :1])
+        return k, v
+
+
+@torch.no_grad()
+def convert_to_mla(model: nn.Module, rank: int) -> list[MlaConversion]:
+    """Factorise every layer's K/V projections to a rank-`rank` shared latent, in place; one report each."""
+    layers = model.model.layers
+    if not all(isinstance(layer.self_attn, LlamaAttention) for layer in layers):
+        raise ValueError("MLA conversion needs a Llama-style model (q/k/v/o projections); this one has none")
+    conversions: list[MlaConversion] = []
+    planners: list[DecodePlanner] = []
+    for layer in layers:
+        src = layer.self_attn
+        conv = factorize_kv(src.k_proj.weight.float(), src.v_proj.weight.float(), src.num_kv_heads, rank)
+        inv_freq = src.rotary_emb.inv_freq
+        planner = next((p for p in planners if torch.equal(p.inv_freq, inv_freq)), None)
+        if planner is None:  # one per distinct RoPE (all layers of these families share one)
+            planner = DecodePlanner(inv_freq)
+            planners.append(planner)
+        layer.self_attn = ConvertedMlaAttention(src, conv, planner)
+        conversions.append(conv)
+    model.latent_cache_width = rank
+    return conversions

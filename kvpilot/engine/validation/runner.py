@@ -1,0 +1,214 @@
+"""Runtime validation and fallback (seed 000, 6.5) around whatever approximation serves a sequence.
+
+Every `validate_every` decode tokens of a sampled sequence (sampling by a hash of the request id,
+`validation_sample_rate`), the decode step captures ONE layer's attention output for that
+sequence's query as served (the approximate path), and an `ApproximationCheck` computes the
+exact output for the same token at the same layer. `attention_cosine` (cosine.py) compares the two [Hq, head_dim] outputs, heads concatenated. Below `validation_threshold` (0.92)
+the check moves the sequence to its exact path (a per-sequence flag, `seq.exact_path`), the feed
+counts `validation.fallbacks_total{reason}` and a warning is logged. Every comparison counts in
+`checks_total` and sets `last_cosine`.
+
+What is compared for the checks defined here (`DenseRecompute`): the exact side is the model run
+densely (no KV cache, full causal attention in the model dtype) over the sequence's tokens up to
+and including the validated one, and its attention output at the validated layer for the last
+token. Both sides therefore see the same tokens; the exact side sees every one of them at full
+precision, the served side sees what the approximation left (evicted blocks gone, 8-bit K/V).
+Differences in earlier layers' outputs propagate into the compared layer on the served side, so
+the cosine measures the approximation's accumulated effect at that layer, as the user sees it.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+import torch
+
+from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.context import dense_context
+from kvpilot.engine.core.scheduler import SchedulerOutput
+from kvpilot.engine.core.sequence import Sequence
+from kvpilot.engine.metrics.stats_contract import FALLBACK_REASONS
+from kvpilot.engine.validation.cosine import should_validate, validate_attention
+
+log = logging.getLogger("kvpilot.engine.validation")
+
+
+class ApproximationCheck(Protocol):
+    """One approximation's side of runtime validation. Strategy paths plug in by implementing it."""
+
+    name: str  # strategy name used in the fallback reason and warning ("eviction", "kv_int8", ...)
+
+    def applies(self, seq: Sequence) -> bool:
+        """Whether this sequence is currently served by the approximation."""
+
+    def exact_attention(self, seq: Sequence, layer: int, num_tokens: int) -> torch.Tensor:
+        """The exact attention output [Hq, head_dim] at `layer` for token num_tokens - 1 of seq."""
+
+    def can_fall_back(self, seq: Sequence) -> bool:
+        """Whether an exact path exists for this sequence now."""
+
+    def fall_back(self, seq: Sequence) -> None:
+        """Move seq to the exact path: it must set seq.exact_path and leave the engine consistent."""
+
+
+@contextmanager
+def forcing_exact(model: torch.nn.Module, layer_type: type) -> Iterator[None]:
+    """Within the block, every `layer_type` module of `model` runs its exact path (`force_exact`)."""
+    layers = [m for m in model.modules() if isinstance(m, layer_type)]
+    for layer in layers:
+        layer.force_exact = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.force_exact = False
+
+
+class _Captured(Exception):
+    """Raised by a capture hook to stop a recompute once the wanted layer has run."""
+
+
+def layer_output_hook(store: dict[str, torch.Tensor]):
+    """A forward hook that keeps the module's output tensor under store['out']."""
+
+    def hook(_module, _args, output):
+        store["out"] = output.detach()
+
+    return hook
+
+
+class DenseRecompute:
+    """Exact reference by recomputation: a dense, cache-free forward pass over the sequence's tokens.
+
+    `runner` is the engine's ModelRunner (model, device); checks take what they use, not the engine.
+    """
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+
+    @torch.inference_mode()
+    def exact_attention(self, seq: Sequence, layer: int, num_tokens: int) -> torch.Tensor:
+        runner = self.runner
+        module = runner.model.attention_layers()[layer]
+        store: dict[str, torch.Tensor] = {}
+
+        def stop(_module, _args, output):
+            store["out"] = output[-1].detach()
+            raise _Captured
+
+        handle = module.register_forward_hook(stop)
+        ids = torch.tensor(seq.token_ids[:num_tokens], dtype=torch.long, device=runner.device)
+        try:
+            with dense_context():
+                runner.model(ids, torch.arange(num_tokens, device=runner.device))
+        except _Captured:
+            pass
+        finally:
+            handle.remove()
+        return store["out"]
+
+
+def is_sampled(request_id: str, rate: float) -> bool:
+    """Deterministic per-request sampling: the same request id is always in or out."""
+    return rate >= 1.0 or zlib.crc32(request_id.encode()) / 2**32 < rate
+
+
+class ValidationRunner:
+    """Captures the served attention at one layer on due decode steps and runs the checks after."""
+
+    def __init__(self, config: EngineConfig, runner: Any, checks: list[ApproximationCheck]) -> None:
+        self.runner = runner
+        self.checks = list(checks)
+        self.every = config.validate_every
+        self.rate = config.validation_sample_rate
+        self.threshold = config.validation_threshold
+        num_layers = len(runner.model.attention_layers())
+        layer = config.validation_layer
+        if not -num_layers <= layer < num_layers:
+            raise ValueError(f"validation_layer must be in [-{num_layers}, {num_layers}), got {layer}")
+        self.layer = layer % num_layers
+        self.checks_total = 0
+        self.fallbacks_total: dict[str, int] = dict.fromkeys(FALLBACK_REASONS, 0)
+        self.last_cosine: float | None = None
+        self.checks_skipped_total = 0  # the exact side ran out of device memory: skipped, logged, served on
+        self._due: list[tuple[int, Sequence, int, list[ApproximationCheck]]] = []
+        self._store: dict[str, torch.Tensor] = {}
+        self._handle = None
+
+    def before_run(self, out: SchedulerOutput) -> None:
+        """Pick this step's due decodes and hook the validated layer to capture their outputs."""
+        if self._handle is not None:  # the previous step raised before after_step
+            self._handle.remove()
+            self._handle = None
+        self._due = []
+        if not self.checks:
+            return
+        for index, item in enumerate(out.scheduled):
+            seq = item.seq
+            if item.num_new_tokens != 1 or not item.samples or seq.exact_path:
+                continue
+            if not should_validate(seq.num_completion_tokens, self.every) or not is_sampled(seq.request_id, self.rate):
+                continue
+            checks = [c for c in self.checks if c.applies(seq)]
+            if checks:
+                self._due.append((index, seq, seq.num_computed_tokens + 1, checks))
+        if self._due:
+            module = self.runner.model.attention_layers()[self.layer]
+            self._handle = module.register_forward_hook(layer_output_hook(self._store))
+
+    def after_step(self) -> None:
+        """Compare each due sequence's served output with its checks' exact ones; fall back if low."""
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        if not self._due:
+            return
+        rows = dict(self.runner.last_sample_rows)
+        served = self._store.pop("out")
+        for index, seq, num_tokens, checks in self._due:
+            approx = served[rows[index]]
+            for check in checks:
+                self._check(check, seq, num_tokens, approx)
+                if seq.exact_path:
+                    break
+        self._due = []
+
+    def _check(self, check: ApproximationCheck, seq: Sequence, num_tokens: int, approx: torch.Tensor) -> None:
+        try:
+            exact = check.exact_attention(seq, self.layer, num_tokens)
+        except torch.OutOfMemoryError as exc:  # a check must never take the engine down: skip it, serve on
+            self.checks_skipped_total += 1
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            log.warning("validation of %s at token %d skipped: the exact %s side ran out of device memory (%s)",
+                        seq.request_id, num_tokens, check.name, str(exc).split(".")[0])
+            return
+        can = check.can_fall_back(seq)
+        result = validate_attention(exact.float(), approx.float(), check.name, self.threshold, has_exact_path=can)
+        self.checks_total += 1
+        self.last_cosine = None if result.cosine != result.cosine else result.cosine  # the feed is JSON: no NaN
+        if result.reason is None:
+            return
+        if not result.fallback:
+            log.warning("validation of %s at token %d: %s", seq.request_id, num_tokens, result.reason)
+            return
+        reason = "nan" if result.cosine != result.cosine else "low_cosine"
+        self.fallbacks_total[reason] = self.fallbacks_total.get(reason, 0) + 1
+        log.warning(
+            "validation of %s at token %d (layer %d): %s; moving it to the exact path",
+            seq.request_id, num_tokens, self.layer, result.reason,
+        )  # fmt: skip
+        if not seq.is_finished:
+            check.fall_back(seq)
+
+    def feed(self) -> dict:
+        return {
+            "checks_total": self.checks_total,
+            "fallbacks_total": dict(self.fallbacks_total),
+            "last_cosine": self.last_cosine,
+            "checks_skipped_total": self.checks_skipped_total,
+        }

@@ -1,0 +1,254 @@
+"""CUDA graphs for decode-only steps: one captured forward per batch-size bucket, replayed with padding.
+
+A decode step of a small model is hundreds of short kernel launches; replaying a captured graph
+issues them as one. At engine start (`EngineConfig.cuda_graphs`) the runner captures the model's
+forward for each bucket of `graph_batch_sizes` over static input buffers (`StaticInputs`). A
+decode-only step of n sequences then copies its inputs into the first n rows, pads rows n..bucket
+(slot -1: the store writes nothing; context length 0: the decode kernels attend to nothing and
+return zeros) and replays the smallest bucket >= n. The block tables are [max_bs, width] with
+width fixed from the longest sequence the pool and model allow, so launch parameters computed on
+the host (context splits from batch size and table width) are fixed per bucket.
+
+Replay skips the Python of forward, so a step falls back to eager whenever that Python would do
+something a graph cannot repeat (decided by inspection; when in doubt, eager):
+- the engine never captures (`engine_fallback_reason`):
+  - CPU (no CUDA graphs);
+  - model families other than llama / mistral / qwen2: DeepSeek (MLA, MoE routing with
+    data-dependent expert batches) and MiniMax (recurrent state slots attached per step);
+  - any attention layer that is not the plain paged `Attention`: Performer / linear conversion
+    (exact window + summary, per-sequence exact-path flags), MLA conversion or native MLA
+    (latent cache, per-step plans), and the recurrent linear state;
+  - `kv_cache_dtype` auto switching: the step is split by pool on the host (`split_by_pool`);
+  - eviction: resident views shrink and positions run ahead of context lengths.
+- a step runs eagerly (`step_fallback_reason`) when it has prefill chunks (prefill or mixed),
+  its batch exceeds the largest bucket, its block table is wider than the static one, or any
+  module has a forward hook: runtime-validation steps and gqa_head_utilization sampling steps
+  hook a layer to read its output or queries, and a replay would not call them.
+fp8 caches capture too: their per-layer scales are calibrated from a layer's first write, which is
+always an eager prefill step (a sequence is prefilled before it decodes), and updated in place, so
+a graph captured earlier reads the calibrated scales; static steps never calibrate (`graph_static`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from kvpilot.engine.context import Context, reset_context, set_context
+from kvpilot.engine.layers.attention import Attention
+
+log = logging.getLogger("kvpilot.engine.worker.cuda_graphs")
+
+GRAPH_FAMILIES = ("llama", "mistral", "qwen2")
+GRAPH_KV_KINDS = ("model", "float32", "float16", "bfloat16", "int8", "fp8")
+TABLE_WIDTH_MULTIPLE = 16  # as the runner rounds decode block tables (one Triton specialisation)
+
+
+def graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    """Buckets 1, 2, 4, 8, 16, then multiples of 16, up to max_num_seqs (itself the last bucket)."""
+    if max_num_seqs < 1:
+        raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+    sizes = [s for s in (1, 2, 4, 8) if s < max_num_seqs]
+    sizes += list(range(16, max_num_seqs, 16))
+    return [*sizes, max_num_seqs]
+
+
+def pick_bucket(batch: int, buckets: list[int]) -> int | None:
+    """The smallest bucket >= batch (buckets ascending), or None when the batch exceeds them all."""
+    if batch < 1:
+        return None
+    i = bisect.bisect_left(buckets, batch)
+    return buckets[i] if i < len(buckets) else None
+
+
+def table_width(max_len: int, block_size: int) -> int:
+    """Block table columns for sequences up to max_len tokens, rounded up as the runner rounds."""
+    blocks = -(-max_len // block_size)
+    return -(-blocks // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE
+
+
+def engine_fallback_reason(
+    *,
+    device_type: str,
+    family: str,
+    kv_kind: str,
+    eviction: str,
+    plain_attention: bool,
+    latent_cache: bool,
+    recurrent_state: bool,
+) -> str | None:
+    """Why this engine never replays graphs (None: it captures them). See the module docstring."""
+    if device_type != "cuda":
+        return f"device {device_type}: CUDA graphs need a CUDA device"
+    if family not in GRAPH_FAMILIES:
+        return f"model family {family!r}: graphs are captured for {', '.join(GRAPH_FAMILIES)} only"
+    if kv_kind not in GRAPH_KV_KINDS:
+        return f"kv cache {kv_kind!r}: the step is split by pool on the host"
+    if eviction != "none":
+        return f"eviction {eviction!r}: resident views change the step's layout"
+    if latent_cache:
+        return "MLA latent cache: per-step decode plans on the host"
+    if recurrent_state:
+        return "recurrent linear-attention state: per-step state slots"
+    if not plain_attention:
+        return "converted attention layers (Performer / MLA conversion): data-dependent forward"
+    return None
+
+
+def step_fallback_reason(
+    *, num_prefill_tokens: int, batch: int, bucket: int | None, width: int, static_width: int, hooked: bool
+) -> str | None:
+    """Why this step runs eagerly (None: replay the bucket's graph)."""
+    if num_prefill_tokens:
+        return "prefill or mixed step"
+    if bucket is None:
+        return f"batch {batch} exceeds the largest graph bucket"
+    if width > static_width:
+        return f"block table width {width} exceeds the captured {static_width}"
+    if hooked:
+        return "a forward hook is armed (validation or head-utilization sampling)"
+    return None
+
+
+def has_forward_hooks(modules: list[nn.Module]) -> bool:
+    """Any forward (pre-)hook on these modules or registered globally: a replay would skip it."""
+    from torch.nn.modules import module as torch_module
+
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+
+
+@dataclass
+class StaticInputs:
+    """The graphs' inputs: ids, positions, slots, context lengths and block tables of max_bs rows."""
+
+    input_ids: torch.Tensor  # int64 [max_bs]
+    positions: torch.Tensor  # int64 [max_bs]
+    slot_mapping: torch.Tensor  # int32 [max_bs]
+    context_lens: torch.Tensor  # int32 [max_bs]
+    block_tables: torch.Tensor  # int32 [max_bs, width]
+
+    @classmethod
+    def allocate(cls, max_bs: int, width: int, device: torch.device) -> StaticInputs:
+        def ints(*shape: int, dtype: torch.dtype = torch.int32, fill: int = 0) -> torch.Tensor:
+            return torch.full(shape, fill, dtype=dtype, device=device)
+
+        return cls(
+            ints(max_bs, dtype=torch.int64), ints(max_bs, dtype=torch.int64), ints(max_bs, fill=-1),
+            ints(max_bs), ints(max_bs, width, fill=-1),
+        )
+
+    @property
+    def width(self) -> int:
+        return self.block_tables.shape[1]
+
+    def fill(self, ids: torch.Tensor, positions: torch.Tensor, ctx: Context, bucket: int) -> None:
+        """Copy a decode step's n rows in; rows n..bucket write nothing and attend to nothing."""
+        n, width = ids.shape[0], ctx.decode_block_tables.shape[1]
+        self.input_ids[:n].copy_(ids)
+        self.positions[:n].copy_(positions)
+        self.slot_mapping[:n].copy_(ctx.slot_mapping)
+        self.context_lens[:n].copy_(ctx.decode_context_lens)
+        self.block_tables[:n, :width].copy_(ctx.decode_block_tables)
+        if n < bucket:
+            self.slot_mapping[n:bucket].fill_(-1)
+            self.context_lens[n:bucket].zero_()
+
+    def context(self, bucket: int) -> Context:
+        """The decode-only context of the first `bucket` rows (what the graph was captured with)."""
+        return Context(
+            slot_mapping=self.slot_mapping[:bucket],
+            decode_context_lens=self.context_lens[:bucket],
+            decode_block_tables=self.block_tables[:bucket],
+            graph_static=True,
+        )
+
+
+class DecodeGraphs:
+    """Decode forwards over `StaticInputs`, captured per bucket on CUDA, or run eagerly padded."""
+
+    def __init__(self, model: nn.Module, static: StaticInputs, buckets: list[int], hidden_size: int,
+                 dtype: torch.dtype) -> None:
+        self.model = model
+        self.static = static
+        self.buckets = buckets
+        self.modules = list(model.modules())
+        self.outputs = torch.zeros(buckets[-1], hidden_size, dtype=dtype, device=static.input_ids.device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.steps_total = 0  # decode steps run through the static buffers
+        self.replays_total = 0  # of which replayed from a captured graph
+
+    def _forward(self, bucket: int) -> None:
+        set_context(self.static.context(bucket))
+        try:
+            s = self.static
+            self.outputs[:bucket] = self.model(s.input_ids[:bucket], s.positions[:bucket])
+        finally:
+            reset_context()
+
+    def capture(self) -> None:
+        """Warm up (compiles the kernels) and capture every bucket, largest first (one memory pool)."""
+        pool = None
+        for bucket in reversed(self.buckets):
+            self._forward(bucket)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool):
+                self._forward(bucket)
+            pool = graph.pool() if pool is None else pool
+            self.graphs[bucket] = graph
+        torch.cuda.synchronize()
+
+    def fallback_reason(self, ctx: Context, num_tokens: int) -> str | None:
+        width = ctx.decode_block_tables.shape[1] if ctx.decode_block_tables is not None else 0
+        return step_fallback_reason(
+            num_prefill_tokens=ctx.num_prefill_tokens, batch=num_tokens, bucket=pick_bucket(num_tokens, self.buckets),
+            width=width, static_width=self.static.width, hooked=has_forward_hooks(self.modules),
+        )
+
+    def run(self, ctx: Context, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Hidden states [n, hidden] of a decode-only step through its bucket: replayed if captured."""
+        n = ids.shape[0]
+        bucket = pick_bucket(n, self.buckets)
+        assert bucket is not None and ctx.num_prefill_tokens == 0, f"batch {n} / prefill: not a graph step"
+        self.static.fill(ids, positions, ctx, bucket)
+        self.steps_total += 1
+        graph = self.graphs.get(bucket)
+        if graph is None:  # not captured (CPU tests): the same padded forward, eagerly
+            self._forward(bucket)
+        else:
+            graph.replay()
+            self.replays_total += 1
+        return self.outputs[:n]
+
+
+@torch.inference_mode()
+def build_decode_graphs(runner: Any) -> DecodeGraphs | None:  # a ModelRunner (importing it would cycle)
+    """Capture the decode graphs for this runner, or log why it stays eager and return None."""
+    config, mc = runner.config, runner.model_config
+    reason = engine_fallback_reason(
+        device_type=runner.device.type,
+        family=mc.family,
+        kv_kind=runner.kv_layout.kind,
+        eviction=config.eviction,
+        plain_attention=all(type(m) is Attention for m in runner.model.attention_layers()),
+        latent_cache=runner.mla.latent_width is not None,
+        recurrent_state=runner.linear_state is not None,
+    )
+    if reason is not None:
+        log.warning("cuda_graphs: decode steps stay eager (%s)", reason)
+        return None
+    max_len = min(mc.max_position_embeddings, min(runner.kv_pool_sizes) * runner.block_size)
+    if config.max_model_len is not None:
+        max_len = min(max_len, config.max_model_len)
+    buckets = graph_batch_sizes(config.max_num_seqs)
+    static = StaticInputs.allocate(buckets[-1], table_width(max_len, runner.block_size), runner.device)
+    graphs = DecodeGraphs(runner.model, static, buckets, mc.hidden_size, runner.dtype)
+    graphs.capture()
+    log.info("cuda_graphs: captured decode buckets %s (block table width %d)", buckets, static.width)
+    return graphs

@@ -1,0 +1,177 @@
+"""The paged KV cache: its layout, bytes per block and allocation, for every pool kind.
+
+One home for what the cache holds per token and layer: 16/32-bit K and V, an MLA latent row, or
+8-bit K/V with their scales (int8 / fp8, and the 16-bit + int8 pools of `kv_cache_dtype=auto`).
+`block_bytes` sizes the pool; `allocate_kv_cache` creates the tensors, hands each attention layer
+its slice, and returns a `KVCache` the runner holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kvpilot.engine.config import EngineConfig, ModelConfig
+from kvpilot.engine.config.strategy import AUTO_QUANT_DTYPE, QUANTISED, kv_cache_kind
+from kvpilot.engine.kernels.kv_quant.layout import zeros_dim_major, zeros_token_contiguous
+from kvpilot.engine.kernels.kv_quant.reference import FP8_DTYPE
+from kvpilot.engine.strategies.kv_quant.layer import LayerKVQuant
+from kvpilot.engine.worker.memory import DTYPES
+
+QUANT_DTYPES = {"int8": torch.int8, "fp8": FP8_DTYPE}
+INT8_SCALE_BYTES = 4  # fp32 scale per token and KV head, for K and for V
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What the KV pool holds: `kind` ('model', a 16/32-bit name, 'int8', 'fp8', 'auto-switch')."""
+
+    kind: str
+    dtype16: torch.dtype  # the unquantised pool's dtype
+    quant: str | None  # 'int8' | 'fp8' for the 8-bit pool, None without one
+    split: float = 0.5  # auto-switch: share of the KV memory for the 16-bit pool
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The cache dtype of a single-pool layout (the 16-bit one under auto switching)."""
+        if self.kind in QUANTISED:
+            return QUANT_DTYPES[self.kind]
+        return self.dtype16
+
+    @property
+    def is_quantised(self) -> bool:
+        return self.quant is not None
+
+    def bytes16(self, mc: ModelConfig, block_size: int) -> int:
+        elem = torch.empty((), dtype=self.dtype16).element_size()
+        return 2 * num_kv_layers(mc) * block_size * mc.num_key_value_heads * mc.head_dim * elem
+
+    def bytes8(self, mc: ModelConfig, block_size: int) -> int:
+        """One 8-bit block, all layers, K and V, with int8's per-token scales (fp8's are per layer)."""
+        per_token = mc.head_dim + (INT8_SCALE_BYTES if self.quant == "int8" else 0)
+        return 2 * num_kv_layers(mc) * block_size * mc.num_key_value_heads * per_token
+
+    def bytes_per_block(self, mc: ModelConfig, block_size: int) -> int:
+        """Bytes that size the pool: the 8-bit block for int8/fp8, else (auto too) the 16-bit block."""
+        return self.bytes8(mc, block_size) if self.kind in QUANTISED else self.bytes16(mc, block_size)
+
+    def split_blocks(self, num_blocks: int, mc: ModelConfig, block_size: int) -> tuple[int, int]:
+        """(16-bit blocks, 8-bit blocks) for a pool of num_blocks blocks of bytes_per_block each."""
+        if self.kind in QUANTISED:
+            return 0, num_blocks
+        if self.kind != "auto-switch":
+            return num_blocks, 0
+        if num_blocks < 2:
+            raise ValueError(f"kv_cache_dtype=auto switching needs >= 2 KV blocks (one per pool), got {num_blocks}")
+        n16 = min(num_blocks - 1, max(1, int(num_blocks * self.split)))
+        n8 = (num_blocks - n16) * self.bytes16(mc, block_size) // self.bytes8(mc, block_size)
+        return n16, n8
+
+
+def kv_layout_for(config: EngineConfig, compute_dtype: torch.dtype) -> KVLayout:
+    """The layout the config asks for, given the model's compute dtype."""
+    kind = kv_cache_kind(config)
+    if kind in ("model", "auto-switch") or kind in QUANTISED:
+        dtype16 = compute_dtype
+    else:
+        dtype16 = DTYPES[kind]
+    quant = kind if kind in QUANTISED else AUTO_QUANT_DTYPE if kind == "auto-switch" else None
+    return KVLayout(kind, dtype16, quant, config.kv_quant_auto_split)
+
+
+def num_kv_layers(mc: ModelConfig) -> int:
+    """Layers with a paged K/V cache: all but a hybrid model's linear-attention layers, whose
+    recurrent state lives in the state pool (worker/state_cache.py), sized per sequence instead."""
+    return mc.num_hidden_layers - (mc.hybrid.num_linear_layers if mc.hybrid is not None else 0)
+
+
+def latent_width_of(mc: ModelConfig, converted_width: int | None) -> int | None:
+    """Width of the MLA latent row cached per token and layer: the MLA conversion's rank, DeepSeek's
+    kv_lora_rank + qk_rope_head_dim, or None (a K/V cache)."""
+    if converted_width is None and mc.deepseek is not None:
+        return mc.deepseek.latent_width
+    return converted_width
+
+
+def block_bytes(layout: KVLayout, mc: ModelConfig, block_size: int, latent_width: int | None = None) -> int:
+    """Bytes of one KV block over all layers, the unit that sizes the pool: an 8-bit block with its
+    scales for int8/fp8, a latent block for MLA, else (auto switching too) the 16/32-bit K/V block."""
+    if layout.is_quantised:
+        return layout.bytes_per_block(mc, block_size)
+    latent_width = latent_width_of(mc, latent_width)
+    if latent_width is not None:
+        elem = torch.empty((), dtype=layout.dtype).element_size()
+        return mc.num_hidden_layers * block_size * latent_width * elem
+    return layout.bytes16(mc, block_size)
+
+
+@dataclass
+class KVCache:
+    """The allocated pool: `kv_cache` (16/32-bit K/V or latent), the 8-bit K/V and scales when quantised,
+    the usable block count and the pool sizes ((16-bit, int8) under auto switching)."""
+
+    kv_cache: torch.Tensor
+    num_blocks: int
+    pool_sizes: tuple[int, ...]
+    kv_cache8: tuple[torch.Tensor, torch.Tensor] | None = None
+    kv_scales: torch.Tensor | None = None
+
+    @property
+    def quant_bytes(self) -> int:
+        """Bytes of the 8-bit K/V and scales beside `kv_cache` (0 without them)."""
+        if self.kv_cache8 is None or self.kv_scales is None:
+            return 0
+        return sum(t.numel() * t.element_size() for t in (*self.kv_cache8, self.kv_scales))
+
+
+def allocate_kv_cache(
+    layout: KVLayout, model: nn.Module, mc: ModelConfig, num_blocks: int, block_size: int,
+    latent_width: int | None, device: torch.device,
+) -> KVCache:
+    """Allocate the pool for `num_blocks` blocks of `block_bytes` each and wire every attention layer.
+    `latent_width`: the MLA conversion's rank or DeepSeek's latent width (None: a K/V cache)."""
+    layers = model.attention_layers()  # type: ignore[operator]
+    if layout.is_quantised:  # int8 / fp8 / auto switching: 8-bit K/V and scales per layer
+        return _allocate_quantised(layout, layers, mc, num_blocks, block_size, device)
+    if latent_width is not None:  # MLA: one latent row per token and layer (layers/latent_attention.py)
+        cache = torch.zeros((len(layers), num_blocks, block_size, latent_width), dtype=layout.dtype, device=device)
+        for i, attn in enumerate(layers):
+            attn.kv_cache = cache[i]
+        return KVCache(cache, num_blocks, (num_blocks,))
+    shape = (2, len(layers), num_blocks, block_size, mc.num_key_value_heads, mc.head_dim)
+    cache = torch.zeros(shape, dtype=layout.dtype, device=device)
+    for i, attn in enumerate(layers):
+        attn.k_cache = cache[0, i]
+        attn.v_cache = cache[1, i]
+    return KVCache(cache, num_blocks, (num_blocks,))
+
+
+def _allocate_quantised(
+    layout: KVLayout, layers: list[nn.Module], mc: ModelConfig, num_blocks: int, block_size: int,
+    device: torch.device,
+) -> KVCache:
+    """The 16-bit pool (possibly empty) and the 8-bit pool with scales; each layer gets a LayerKVQuant.
+    (An MLA latent cache with 8-bit K/V is refused by config/strategy.py before this runs.)"""
+    bs = block_size
+    n16, n8 = layout.split_blocks(num_blocks, mc, bs)
+    heads, dim = mc.num_key_value_heads, mc.head_dim
+    kv_cache = torch.zeros((2, len(layers), n16, bs, heads, dim), dtype=layout.dtype16, device=device)
+    # K token-major, V dim-major within a block, int8 scales token-contiguous: kernels/kv_quant/layout.py
+    dtype8 = QUANT_DTYPES[layout.quant]
+    kv_cache8 = (
+        torch.zeros((len(layers), n8, bs, heads, dim), dtype=dtype8, device=device),
+        zeros_dim_major((len(layers),), n8, bs, heads, dim, dtype8, device),
+    )
+    if layout.quant == "int8":
+        kv_scales = zeros_token_contiguous((2, len(layers)), n8, bs, heads, torch.float32, device)
+    else:
+        kv_scales = torch.ones((2, len(layers), heads), dtype=torch.float32, device=device)
+    for i, attn in enumerate(layers):
+        attn.k_cache, attn.v_cache = kv_cache[0, i], kv_cache[1, i]
+        attn.kv_quant = LayerKVQuant(
+            layout.quant, kv_cache8[0][i], kv_cache8[1][i], kv_scales[0, i], kv_scales[1, i], n16, bs,
+        )
+    sizes = (n16, n8) if layout.kind == "auto-switch" else (n8,)
+    return KVCache(kv_cache, n16 + n8, sizes, kv_cache8, kv_scales)

@@ -1,0 +1,156 @@
+"""Load HF safetensors weights into a model: verify SHA256 digests, then copy with a progress bar.
+
+A checkpoint tensor with no parameter in the model is an error, unless the model names a reason to
+skip it (`model.checkpoint_skip_reason(name)`, e.g. DeepSeek-V3's multi-token-prediction layers);
+skipped tensors are counted and logged once per reason, never read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+from tqdm import tqdm
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+# MiniMax checkpoints also store lightning attention's decay tables (recomputed from the config)
+IGNORED_SUFFIXES = (
+    "rotary_emb.inv_freq",
+    "self_attn.slope_rate",
+    "self_attn.query_decay",
+    "self_attn.key_decay",
+    "self_attn.diagonal_decay",
+)
+DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2}
+log = logging.getLogger("kvpilot.engine.worker.loader")
+
+
+class WeightIntegrityError(ValueError):
+    """A weight file's SHA256 digest does not match the one it was pinned to."""
+
+
+def weight_files(model_dir: str | Path) -> list[Path]:
+    """The safetensors files of an HF model directory (sharded through the index, or single)."""
+    root = Path(model_dir)
+    index = root / INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        names = sorted(set(weight_map.values()))
+        missing = [n for n in names if not (root / n).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{index} names shard(s) {missing} that are not in {root}")
+        return [root / n for n in names]
+    if (root / SINGLE_FILE).is_file():
+        return [root / SINGLE_FILE]
+    found = sorted(root.glob("*.safetensors"))
+    if found:
+        return found
+    raise FileNotFoundError(f"no weights in {root}: expected {SINGLE_FILE}, or shards listed in {INDEX_FILE}")
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_sha256(model_dir: str | Path, expected: dict[str, str]) -> None:
+    """Refuse to load when a pinned file is missing or its digest differs."""
+    root = Path(model_dir)
+    for name, want in sorted(expected.items()):
+        path = root / name
+        if not path.is_file():
+            raise WeightIntegrityError(
+                f"weight file {name!r} is pinned to sha256 {want} but is missing from {root}"
+            )
+        got = sha256_file(path)
+        if got.lower() != want.lower().removeprefix("sha256:"):
+            raise WeightIntegrityError(
+                f"weight file {name!r} failed verification: expected sha256 {want}, got {got}; refusing to load"
+            )
+
+
+def load_weights(
+    model: nn.Module,
+    model_dir: str | Path,
+    sha256: dict[str, str] | None = None,
+    show_progress: bool = True,
+    transform: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
+) -> int:
+    """Copy every tensor of the checkpoint into model's parameters; return the bytes loaded.
+
+    `transform(name, tensor)` may rewrite a tensor before the shape check (GQA conversion)."""
+    if sha256:
+        verify_sha256(model_dir, sha256)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    skip_reason: Callable[[str], str | None] = getattr(model, "checkpoint_skip_reason", lambda _: None)
+    skipped_tensors: Counter[str] = Counter()
+    skipped_bytes: Counter[str] = Counter()
+    loaded: set[str] = set()
+    total = 0
+    files = weight_files(model_dir)
+    with tqdm(desc="loading weights", unit="tensor", disable=not show_progress) as bar:
+        for path in files:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    if name.endswith(IGNORED_SUFFIXES):
+                        continue
+                    if name not in params:
+                        reason = skip_reason(name)
+                        if reason is None:
+                            raise ValueError(
+                                f"{path.name}: tensor {name!r} has no matching parameter in the "
+                                f"{type(model).__name__} built from {model_dir}/config.json; a checkpoint "
+                                "may hold only the model's parameters (check config.json matches the weights)"
+                            )
+                        skipped_tensors[reason] += 1
+                        skipped_bytes[reason] += stored_bytes(f.get_slice(name))
+                        continue
+                    tensor = f.get_tensor(name)
+                    if transform is not None:
+                        tensor = transform(name, tensor)
+                    param = params[name]
+                    if tuple(tensor.shape) != tuple(param.shape):
+                        raise ValueError(
+                            f"{path.name}: tensor {name!r} has shape {tuple(tensor.shape)}, "
+                            f"the model expects {tuple(param.shape)}"
+                        )
+                    with torch.no_grad():
+                        param.copy_(tensor)
+                    loaded.add(name)
+                    total += tensor.numel() * tensor.element_size()
+                    bar.update(1)
+    for reason, count in skipped_tensors.items():
+        log.info(
+            "skipped %d checkpoint tensors (%d bytes, %.1f MiB) of %s: %s",
+            count,
+            skipped_bytes[reason],
+            skipped_bytes[reason] / 2**20,
+            model_dir,
+            reason,
+        )
+    tied = {n for n, p in params.items() if any(p is params[m] for m in loaded)}
+    missing = sorted(set(params) - loaded - tied)
+    if missing:
+        raise ValueError(
+            f"checkpoint in {model_dir} lacks parameters {missing[:5]}{'...' if len(missing) > 5 else ''}"
+        )
+    return total
+
+
+def stored_bytes(tensor_slice) -> int:
+    """Bytes of a safetensors tensor from its header (shape, dtype), without reading it."""
+    numel = 1
+    for dim in tensor_slice.get_shape():
+        numel *= dim
+    return numel * DTYPE_BYTES.get(tensor_slice.get_dtype(), 1)

@@ -1,0 +1,62 @@
+"""Device memory accounting for the runner: device and dtype, pool sizing, activation peaks."""
+
+from __future__ import annotations
+
+import torch
+
+from kvpilot.engine.config import ModelConfig
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def pick_device(requested: str) -> torch.device:
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device {requested!r} was requested but CUDA is not available; use device='cpu'")
+    return torch.device(requested)
+
+
+def pick_dtype(requested: str, model_dtype: str, device: torch.device) -> torch.dtype:
+    """'auto': the checkpoint's dtype on CUDA, float32 on CPU (bf16 matmuls are slow there)."""
+    if requested != "auto":
+        return DTYPES[requested]
+    if device.type == "cpu":
+        return torch.float32
+    return DTYPES.get(model_dtype, torch.bfloat16)
+
+
+def cuda_kv_blocks(
+    device: torch.device, utilization: float, activation_peak: int, bytes_per_block: int
+) -> int:
+    """Blocks that fit in `utilization` of the GPU beside what is in use and the activation peak."""
+    torch.cuda.empty_cache()  # cached blocks from profiling would otherwise count twice (in use + peak)
+    free, total = torch.cuda.mem_get_info(device)
+    budget = int(total * utilization) - (total - free) - activation_peak
+    blocks = budget // bytes_per_block
+    if blocks < 1:
+        raise RuntimeError(
+            f"no GPU memory left for the KV cache: {total / 2**30:.1f} GiB total, "
+            f"{(total - free) / 2**30:.1f} GiB in use, activation peak {activation_peak / 2**30:.2f} GiB at "
+            f"gpu_memory_utilization={utilization}; raise it or lower max_num_batched_tokens"
+        )
+    return int(blocks)
+
+
+def estimate_activation_bytes(
+    mc: ModelConfig, dtype: torch.dtype, num_tokens: int, num_logit_rows: int
+) -> int:
+    """CPU estimate (no allocator statistics there): one layer's live intermediates plus fp32 logits."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    qkv = (mc.num_attention_heads + 2 * mc.num_key_value_heads) * mc.head_dim
+    per_token = 3 * mc.hidden_size + qkv + mc.num_attention_heads * mc.head_dim + 3 * mc.intermediate_size
+    return num_tokens * per_token * elem + num_logit_rows * mc.vocab_size * 4
+
+
+def torch_memory(device: torch.device) -> dict[str, int]:
+    if device.type != "cuda":
+        return {"torch_reserved": 0, "torch_allocated": 0}
+    return {
+        "torch_reserved": int(torch.cuda.memory_reserved(device)),
+        "torch_allocated": int(torch.cuda.memory_allocated(device)),
+    }

@@ -1,0 +1,276 @@
+"""The only owner of the device: model weights, the paged KV cache, forward passes and sampling."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from kvpilot.engine.config import EngineConfig, ModelConfig
+from kvpilot.engine.config.strategy import check_model_strategy, served_model_config
+from kvpilot.engine.context import Context, dense_context, reset_context, set_context
+from kvpilot.engine.core.scheduler import SchedulerOutput
+from kvpilot.engine.core.sequence import Sequence
+from kvpilot.engine.models import build_model
+from kvpilot.engine.strategies.gqa.convert import gqa_transform
+from kvpilot.engine.strategies.linear.apply import apply_linear
+from kvpilot.engine.strategies.mla.apply import apply_mla
+from kvpilot.engine.worker.cuda_graphs import build_decode_graphs
+from kvpilot.engine.worker.inputs import BlockTableRows, InputStager
+from kvpilot.engine.worker.kv_cache import KVCache, allocate_kv_cache, block_bytes, kv_layout_for
+from kvpilot.engine.worker.loader import load_weights
+from kvpilot.engine.worker.memory import (
+    cuda_kv_blocks,
+    estimate_activation_bytes,
+    pick_device,
+    pick_dtype,
+    torch_memory,
+)
+from kvpilot.engine.worker.sampler import sample
+from kvpilot.engine.worker.state_cache import build_linear_state
+
+
+class ModelRunner:
+    """Loads the model, sizes and owns the KV pool, and turns scheduled chunks into sampled tokens."""
+
+    def __init__(self, config: EngineConfig, model_config: ModelConfig) -> None:
+        check_model_strategy(config, model_config)  # refused combinations, before any weight loads
+        self.config = config
+        self.model_config = model_config = served_model_config(config, model_config)  # GQA conversion
+        self.device = pick_device(config.device)
+        self.dtype = pick_dtype(config.dtype, model_config.torch_dtype, self.device)
+        self.kv_layout = kv_layout_for(config, self.dtype)  # 16-bit, int8, fp8, auto (worker/kv_cache.py)
+        self.kv_dtype = self.kv_layout.dtype
+        self.block_size = config.block_size
+        with torch.device("meta"):  # no memory until the target device, already in the target dtype
+            model = build_model(model_config).to(self.dtype)
+        self.model = model.to_empty(device=self.device)
+        self.model.tie_weights()
+        self._restore_buffers()
+        load_weights(
+            self.model, config.model, config.weight_sha256, config.show_progress, gqa_transform(config, model_config)
+        )
+        self.model.eval()
+        self.mla = apply_mla(self.model, config, model_config)  # native DeepSeek MLA or SVD conversion
+        apply_linear(self.model, config)  # Performer conversion of softmax layers (attention="linear")
+        self.linear_state = build_linear_state(self.model, config, self.device)  # None: no recurrent state
+        self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.generators: dict[str, torch.Generator] = {}
+        self.last_sample_rows: list[tuple[int, int]] = []
+        self.block_rows = BlockTableRows(rows=config.max_num_seqs)  # host mirror of the block tables
+        self.stager = InputStager(self.device)  # the step's inputs to the device, one copy per dtype
+        self._sample_index: torch.Tensor | None = None
+        self._estimated = (0, 0)  # (tokens, logit rows) of the largest CPU activation estimate so far
+        self.activation_peak_bytes = 0
+        self._baseline_allocated = torch.cuda.memory_allocated(self.device) if self.is_cuda else 0
+        self.cache: KVCache = allocate_kv_cache(
+            self.kv_layout, self.model, model_config, self._size_kv_pool(), self.block_size,
+            self.mla.latent_width, self.device,
+        )  # fmt: skip
+        self.kv_cache = self.cache.kv_cache
+        self.num_kv_blocks = self.cache.num_blocks
+        self.kv_pool_sizes = self.cache.pool_sizes  # (16-bit, int8) under auto switching
+        self.decode_graphs = build_decode_graphs(self) if config.cuda_graphs else None  # worker/cuda_graphs.py
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def _restore_buffers(self) -> None:
+        from kvpilot.engine.models.layers import RotaryEmbedding, rope_inv_freq
+
+        mc = self.model_config
+        for module in self.model.modules():
+            if isinstance(module, RotaryEmbedding):
+                module.inv_freq = rope_inv_freq(mc.head_dim, mc.rope_theta, mc.rope_scaling).to(self.device)
+        if hasattr(self.model, "restore_buffers"):  # models with their own rotary (DeepSeek)
+            self.model.restore_buffers(self.device)
+
+    # -- KV pool -------------------------------------------------------------------------
+    @property
+    def bytes_per_block(self) -> int:
+        return block_bytes(self.kv_layout, self.model_config, self.block_size, self.mla.latent_width)
+
+    def _size_kv_pool(self) -> int:
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        if not self.is_cuda:
+            state = self.linear_state.bytes_total if self.linear_state is not None else 0
+            return max(1, (self.config.cpu_kv_cache_bytes - state) // self.bytes_per_block)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        self._profile_run()
+        self.activation_peak_bytes = torch.cuda.max_memory_allocated(self.device) - before
+        return cuda_kv_blocks(
+            self.device, self.config.gpu_memory_utilization, self.activation_peak_bytes, self.bytes_per_block
+        )
+
+    @torch.inference_mode()
+    def _profile_run(self) -> None:
+        n = min(self.config.max_num_batched_tokens, self.model_config.max_position_embeddings)
+        ids = torch.zeros(n, dtype=torch.long, device=self.device)
+        with dense_context():
+            hidden = self.model(ids, torch.arange(n, device=self.device))
+            self.model.compute_logits(hidden[-min(n, self.config.max_num_seqs) :]).float()
+        torch.cuda.synchronize(self.device)
+
+    # -- one step ------------------------------------------------------------------------
+    @torch.inference_mode()
+    def run(self, out: SchedulerOutput) -> list[int | None]:
+        """Run the scheduled chunks; return a sampled token for each chunk that ends its sequence."""
+        ctx, input_ids, positions, sample_rows = self._prepare(out)
+        self.last_sample_rows = sample_rows  # (scheduled index, packed row): read by validation/runner.py
+        if self.linear_state is not None:
+            self.linear_state.attach(ctx, out)
+        set_context(ctx)
+        try:
+            hidden = self._forward(ctx, input_ids, positions)
+        finally:
+            reset_context()
+        sampled: list[int | None] = [None] * len(out.scheduled)
+        if sample_rows:
+            last = hidden if self._sample_index is None else hidden[self._sample_index]
+            logits = self.model.compute_logits(last).float()
+            seqs = [out.scheduled[i].seq for i, _ in sample_rows]
+            tokens = self._sample(logits, seqs).tolist()
+            for (i, _), token in zip(sample_rows, tokens, strict=True):
+                sampled[i] = int(token)
+        self._track_activation(input_ids.numel(), len(sample_rows))
+        return sampled
+
+    def _forward(self, ctx: Context, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        graphs = self.decode_graphs
+        if graphs is not None and graphs.fallback_reason(ctx, input_ids.shape[0]) is None:
+            return graphs.run(ctx, input_ids, positions)
+        return self.model(input_ids, positions)
+
+    def _prepare(
+        self, out: SchedulerOutput
+    ) -> tuple[Context, torch.Tensor, torch.Tensor, list[tuple[int, int]]]:
+        """Pack prefill chunks first, then single-token decodes; return (context, ids, positions,
+        [(scheduled index, packed row of its last token) for chunks that sample]).
+
+        Host work is O(tokens + sequences), not O(blocks): block tables come from the incremental
+        mirror in `self.block_rows`, slots and lengths are computed with numpy, and the step's
+        int32 metadata and int64 ids / positions reach the device in one copy each.
+        """
+        bs, items = self.block_size, out.scheduled
+        order = [i for i, s in enumerate(items) if s.num_new_tokens > 1]
+        num_prefill = len(order)
+        order += [i for i, s in enumerate(items) if s.num_new_tokens == 1]
+        seqs = [items[i].seq for i in order]
+        rows = np.array([self.block_rows.row(s.request_id, s.block_table) for s in seqs], dtype=np.int64)
+        table = self.block_rows.table  # after every row(): a row may have grown the table
+        starts = np.array([s.num_computed_tokens for s in seqs], dtype=np.int64)
+        resident = starts - np.array([s.num_evicted_tokens for s in seqs], dtype=np.int64)  # strategies/eviction/policy.py
+        counts = np.array([items[i].num_new_tokens for i in order], dtype=np.int64)
+        input_ids: list[int] = []
+        for seq, start, n in zip(seqs, starts.tolist(), counts.tolist(), strict=True):
+            input_ids += seq.token_ids[start : start + n]
+        ends = np.cumsum(counts)
+        sample_rows = [(i, int(end) - 1) for i, end in zip(order, ends.tolist(), strict=True) if items[i].samples]
+        num_tokens = int(ends[-1])
+        if num_prefill:  # chunk tokens: per token, with numpy (decodes below are one token each)
+            offset = np.arange(int(ends[num_prefill - 1])) - np.repeat(ends[:num_prefill] - counts[:num_prefill],
+                                                                      counts[:num_prefill])
+            tok_seq = np.repeat(np.arange(num_prefill), counts[:num_prefill])
+            positions = np.concatenate([starts[tok_seq] + offset, starts[num_prefill:]])
+            token_rows = np.concatenate([rows[tok_seq], rows[num_prefill:]])
+            rel = np.concatenate([resident[tok_seq] + offset, resident[num_prefill:]])
+        else:
+            positions, token_rows, rel = starts, rows, resident
+        slots = table[token_rows, rel // bs] * bs + rel % bs
+        if slots.min() < 0:
+            raise RuntimeError(f"a scheduled token has no KV block (block tables {[s.block_table for s in seqs]})")
+        lens = resident + counts  # resident context after this step, per sequence
+        int32_parts: list[np.ndarray] = [slots]
+        shapes: list[tuple[int, ...]] = [(num_tokens,)]
+        for group, is_prefill in ((slice(0, num_prefill), True), (slice(num_prefill, len(order)), False)):
+            if group.start == group.stop:
+                continue
+            width = max(len(s.block_table) for s in seqs[group])
+            width = -(-width // 16) * 16  # a width divisible by 16: one Triton specialisation of the row stride
+            parts = [lens[group], table[rows[group], :width].ravel()]
+            part_shapes = [(group.stop - group.start,), (group.stop - group.start, width)]
+            if is_prefill:  # prefill chunks also need their query offsets
+                parts.append(np.concatenate([[0], ends[:num_prefill]]))
+                part_shapes.append((num_prefill + 1,))
+            int32_parts += parts
+            shapes += part_shapes
+        int64_parts = [np.array(input_ids, dtype=np.int64), positions]
+        self._sample_index = None  # decode-only steps sample every row in order: no gather needed
+        if sample_rows and len(sample_rows) < num_tokens:
+            int64_parts.append(np.array([r for _, r in sample_rows], dtype=np.int64))
+        with self.stager:
+            meta = InputStager.split(self.stager.pack(int32_parts, np.int32), shapes)
+            packed64 = self.stager.pack(int64_parts, np.int64)
+        ids, pos = packed64[:num_tokens], packed64[num_tokens : 2 * num_tokens]
+        if len(int64_parts) == 3:
+            self._sample_index = packed64[2 * num_tokens :]
+        ctx = Context(slot_mapping=meta.pop(0), num_prefill_tokens=int(ends[num_prefill - 1]) if num_prefill else 0)
+        if num_prefill:
+            ctx.context_lens, ctx.block_tables, ctx.cu_seqlens_q = meta[:3]
+            meta = meta[3:]
+        if num_prefill < len(order):
+            ctx.decode_context_lens, ctx.decode_block_tables = meta
+        return ctx, ids, pos, sample_rows
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        params = [s.params for s in seqs]
+        if all(p.greedy for p in params):
+            return logits.argmax(dim=-1)
+        temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=self.device)
+        top_ks = torch.tensor([p.top_k for p in params], dtype=torch.long, device=self.device)
+        top_ps = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=self.device)
+        vocab = logits.shape[-1]
+        filters = (any(0 < p.top_k < vocab for p in params), any(p.top_p < 1.0 for p in params))
+        generators = [self._generator(s) for s in seqs]
+        return sample(logits, temps, top_ks, top_ps, generators, all_greedy=False, filters=filters)
+
+    def _generator(self, seq: Sequence) -> torch.Generator | None:
+        if seq.params.seed is None or seq.params.greedy:
+            return None
+        gen = self.generators.get(seq.request_id)
+        if gen is None:
+            gen = torch.Generator(device=self.device).manual_seed(seq.params.seed)
+            self.generators[seq.request_id] = gen
+        return gen
+
+    def release(self, request_id: str) -> None:
+        """Forget per-request device state (its seeded generator, its recurrent-state slot)."""
+        self.generators.pop(request_id, None)
+        self.block_rows.release(request_id)
+        self.release_state(request_id)
+
+    def release_state(self, request_id: str) -> None:
+        """Free the request's recurrent-state slot (preemption: it is rebuilt from token 0 later)."""
+        if self.linear_state is not None:
+            self.linear_state.free(request_id)
+
+    def _track_activation(self, num_tokens: int, num_logit_rows: int) -> None:
+        if self.is_cuda:
+            base = self._baseline_allocated + self.kv_cache.numel() * self.kv_cache.element_size()
+            base += self.cache.quant_bytes
+            peak = torch.cuda.max_memory_allocated(self.device) - base
+        elif num_tokens > self._estimated[0] or num_logit_rows > self._estimated[1]:  # the estimate only grows
+            self._estimated = (max(num_tokens, self._estimated[0]), max(num_logit_rows, self._estimated[1]))
+            peak = estimate_activation_bytes(self.model_config, self.dtype, *self._estimated)
+        else:
+            return
+        self.activation_peak_bytes = max(self.activation_peak_bytes, peak)
+
+    # -- scoring -------------------------------------------------------------------------
+    @torch.inference_mode()
+    def score(self, prompt_token_ids: list[int], continuation_token_ids: list[int]) -> list[float]:
+        """log p(continuation[i] | prompt + continuation[:i]) for each continuation token."""
+        tokens = list(prompt_token_ids) + list(continuation_token_ids)
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        with dense_context():
+            hidden = self.model(ids, torch.arange(len(tokens), device=self.device))
+        start = len(prompt_token_ids) - 1
+        logits = self.model.compute_logits(hidden[start : len(tokens) - 1]).float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        target = torch.tensor(continuation_token_ids, dtype=torch.long, device=self.device)
+        return logprobs.gather(-1, target[:, None])[:, 0].tolist()
+
+    def memory_stats(self) -> dict[str, int]:
+        return torch_memory(self.device)

@@ -1,0 +1,101 @@
+"""The engine's layout holds: no import loops, a small root, torch-free config/core, the public API."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+PACKAGE = Path(__file__).resolve().parents[2] / "kvpilot"
+
+
+def _module_name(path: Path) -> str:
+    name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return name.removesuffix(".__init__")
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """module -> kvpilot modules it imports (TYPE_CHECKING and function-level imports included)."""
+    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    for module, path in files.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            graph[module] |= {n for n in names if n in files and n != module}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(10_000)
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    graph = _import_graph()
+    # a package's __init__ that only re-exports (config/) counts as an edge to what it re-exports
+    assert _cycles(graph) == []
+
+
+def test_the_engine_root_holds_under_ten_files():
+    files = sorted(p.name for p in (PACKAGE / "engine").iterdir() if p.is_file())
+    assert len(files) < 10, files
+
+
+def test_torch_free_layers_import_no_torch_and_the_public_api_loads_lazily():
+    code = (
+        "import sys; import kvpilot, kvpilot.operator, kvpilot.engine.config, kvpilot.engine.config.strategy, "
+        "kvpilot.engine.core.scheduler, kvpilot.engine.core.state_pool, kvpilot.engine.metrics.stats_contract; "
+        "assert 'torch' not in sys.modules, 'torch was imported'; "
+        "from kvpilot import LLM, SamplingParams; import kvpilot.engine as e; "
+        "assert LLM is e.LLM and SamplingParams is e.SamplingParams and LLM.__module__ == 'kvpilot.engine.llm'; "
+        "print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_an_unknown_engine_attribute_names_what_is_exported():
+    import kvpilot.engine
+
+    with pytest.raises(AttributeError, match="exports"):
+        kvpilot.engine.NoSuchThing  # noqa: B018
