@@ -46,8 +46,17 @@ CANARY_ENGINES = {  # engine -> `kvpilot serve` flags
     "faulty": ("--kv-cache-dtype", "int8", "--fault-error-rate", "0.6"),
     "gqa": ("--attention", "gqa", "--kv-head-groups", "1", "--kv-cache-dtype", "bfloat16"),
 }
-SERVICES = {"promote": "int8", "faulty": "faulty", "gqa": "gqa", "flag": "int8", "restart": "int8",
-            "noprom": "int8"}
+SERVICES = {"promote": "int8", "manual": "int8", "faulty": "faulty", "gqa": "gqa", "flag": "int8",
+            "restart": "int8", "noprom": "int8"}
+
+
+# Started by the fixture right after the operator, so that they run while the promotion test does;
+# their tests only wait for the outcome and check it.
+EARLY = {
+    "faulty": {"strategy": {"kvCacheDtype": "int8"}, "analysis": {**ANALYSIS, "failureLimit": 1}},
+    "gqa": {"strategy": {"attention": "gqa", "kvHeadGroups": 1},
+            "analysis": {**ANALYSIS, "failureLimit": 1, "probeSet": "probes", "maxAccuracyDelta": 0.05}},
+}
 
 
 class Operator:
@@ -205,9 +214,12 @@ def env(k8s_cluster, gateway_api, tmp_path_factory) -> Iterator[dict[str, Any]]:
         with Load([e.api_url for e in engines.values()]):
             kube.apply(probe_configmap(ns, engines["stable"].api_url))
             operator.start()
-            yield {"ns": ns, "core": core, "apps": client.AppsV1Api(api), "custom": client.CustomObjectsApi(api),
+            context = {"ns": ns, "core": core, "apps": client.AppsV1Api(api), "custom": client.CustomObjectsApi(api),
                    "kube": kube, "prom": prom, "operator": operator, "digest": digest, "kubeconfig":
                    k8s_cluster.kubeconfig, "model_config": json.loads((model / "config.json").read_text())}
+            for name, canary in EARLY.items():
+                create(context, manifest(context, name, canary))
+            yield context
     finally:
         if operator is not None:
             operator.stop()
@@ -376,17 +388,56 @@ def test_healthy_canary_promotes_1_5_100_with_route_status_and_lineage(env: dict
     assert operator_metric(env, "kvpilot_rollout_phase", {**labels, "phase": "Promoted"}) == 1
     assert operator_metric(env, "kvpilot_rollout_phase", {**labels, "phase": "Progressing"}) == 0
     assert operator_metric(env, "kvpilot_rollout_analysis_total", {**labels, "verdict": "pass"}) == 2
-    view = subprocess.run([sys.executable, "-m", "kvpilot.kubectl_plugin", "rollout", "status", name, "-n", env["ns"],
-                           "--kubeconfig", str(env["kubeconfig"])], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"})
+    view = plugin(env, "rollout", "status", name)
     assert view.returncode == 0, view.stderr
     assert "Promoted" in view.stdout and "errorRate" in view.stdout and "previous" in view.stdout, view.stdout
 
 
+def plugin(env: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
+    """`kubectl kvpilot ...` (the console script's module) against the test cluster."""
+    return subprocess.run([sys.executable, "-m", "kvpilot.kubectl_plugin", *args, "-n", env["ns"], "--kubeconfig",
+                           str(env["kubeconfig"])], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"})
+
+
+def test_rollback_annotation_after_promotion_restores_the_previous_stable(env: dict[str, Any]) -> None:
+    name = "promote"  # promoted to int8 by the test above
+    assert canary_status(env, name)["phase"] == "Promoted"
+    result = plugin(env, "rollout", "rollback", name)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert get(env, name)["metadata"]["annotations"]["kvpilot.io/rollback"] == "true"
+    done = wait_canary(env, name, lambda s: s.get("phase") == "RolledBack", "RolledBack", 30)
+    assert done["reason"] == "StableRolledBack"
+    wait_for(lambda: "bfloat16" in engine_args(deployment(env, f"{name}-stable")), "stable back on bf16", 30)
+    args = engine_args(deployment(env, f"{name}-stable"))
+    assert args[args.index("--model-sha256") + 1] == env["digest"]
+    lin = lineage(env, name)["stable"]
+    assert "bf16" in lin["current"]["strategy"] and "int8" in lin["previous"]["strategy"]
+    assert route_weight(env, name) == 0 and deployment(env, f"{name}-canary") is None
+    cleared = plugin(env, "rollout", "rollback", name, "--clear")
+    assert cleared.returncode == 0, cleared.stderr
+    time.sleep(2)  # four ticks: clearing the flag restores nothing and restarts nothing
+    assert canary_status(env, name)["phase"] == "RolledBack"
+    assert "bfloat16" in engine_args(deployment(env, f"{name}-stable"))
+
+
+def test_paused_canary_is_promoted_by_the_plugin(env: dict[str, Any]) -> None:
+    name = "manual"
+    create(env, manifest(env, name, {"strategy": {"kvCacheDtype": "int8"}, "paused": True, "interval": "10m",
+                                     "analysis": {**ANALYSIS, "failureLimit": 2}}))
+    paused = wait_canary(env, name, lambda s: s.get("phase") == "Paused", "Paused", 60)
+    assert paused["weight"] == 0 and not paused.get("analyses")
+    result = plugin(env, "rollout", "promote", name)
+    assert result.returncode == 0, result.stdout + result.stderr
+    done = wait_canary(env, name, lambda s: s.get("phase") in ("Promoted", "RolledBack", "Failed"), "done", 60)
+    assert done["phase"] == "Promoted" and done["analyses"] == [], done
+    assert "int8" in engine_args(deployment(env, f"{name}-stable"))
+    again = plugin(env, "rollout", "promote", name)
+    assert again.returncode == 1 and "no rollout in progress" in again.stdout
+
+
 def test_canary_with_injected_errors_rolls_back_automatically(env: dict[str, Any]) -> None:
-    name = "faulty"
-    create(env, manifest(env, name, {"strategy": {"kvCacheDtype": "int8"}, "analysis": {**ANALYSIS,
-                                                                                         "failureLimit": 1}}))
+    name = "faulty"  # created by the fixture: EARLY
     done = wait_canary(env, name, lambda s: s.get("phase") in ("Promoted", "RolledBack", "Failed"), "done", 90)
     assert done["phase"] == "RolledBack" and done["reason"] == "FailureLimitReached", done
     assert done["weight"] == 0 and route_weight(env, name) == 0
@@ -399,10 +450,7 @@ def test_canary_with_injected_errors_rolls_back_automatically(env: dict[str, Any
 
 
 def test_mean_pooled_gqa_is_stopped_by_the_accuracy_gate(env: dict[str, Any]) -> None:
-    name = "gqa"
-    create(env, manifest(env, name, {"strategy": {"attention": "gqa", "kvHeadGroups": 1},
-                                     "analysis": {**ANALYSIS, "failureLimit": 1, "probeSet": "probes",
-                                                  "maxAccuracyDelta": 0.05}}))
+    name = "gqa"  # created by the fixture: EARLY
     done = wait_canary(env, name, lambda s: s.get("phase") in ("Promoted", "RolledBack", "Failed"), "done", 120)
     assert done["phase"] == "RolledBack", done
     [analysis] = done["analyses"]

@@ -20,8 +20,6 @@ from kvpilot.operator.routing import RouterUnavailable
 from kvpilot.operator.spec import canary_hash
 from kvpilot.operator.status_writer import StatusConflict
 
-ANNOTATIONS = (options.ANNOTATION_ROLLBACK, options.ANNOTATION_PROMOTE, options.ANNOTATION_ABORT)
-
 
 def needs_ticks(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
     """A canary spec not yet acted on, or a rollout in flight (others cost the timer nothing)."""
@@ -56,8 +54,25 @@ def rollout_spec_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> N
     run_tick("rollout_spec", body, logger)
 
 
-@kopf.on.update(c.GROUP, c.VERSION, c.PLURAL, field=("metadata", "annotations", ANNOTATIONS[0]))
-@kopf.on.update(c.GROUP, c.VERSION, c.PLURAL, field=("metadata", "annotations", ANNOTATIONS[1]))
-@kopf.on.update(c.GROUP, c.VERSION, c.PLURAL, field=("metadata", "annotations", ANNOTATIONS[2]))
-def rollout_annotation_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
-    run_tick("rollout_annotation", body, logger)
+def annotation_pending(meta: kopf.Meta, status: kopf.Status, **_: Any) -> bool:
+    """A rollback/promote/abort annotation the rollout has not acted on yet.
+
+    kopf leaves every `kvpilot.io/*` annotation out of its diffs (the prefix holds its own
+    storage), so field-change handlers never see these; an event handler with this filter does,
+    and stops matching once the rollout moved on (RolledBack, Promoting, ...).
+    """
+    annotations = meta.get("annotations") or {}
+    canary = (status or {}).get("canary") or {}
+    phase, spec_hash = canary.get("phase"), canary.get("specHash")
+    if annotations.get(options.ANNOTATION_ROLLBACK, "").lower() == "true" and (
+            phase == phases.PROMOTED or phase in phases.ACTIVE - {phases.ROLLING_BACK}):
+        return True
+    steerable = phases.ACTIVE - {phases.PROMOTING, phases.ROLLING_BACK}
+    return bool(spec_hash) and phase in steerable and spec_hash in (
+        annotations.get(options.ANNOTATION_PROMOTE), annotations.get(options.ANNOTATION_ABORT))
+
+
+@kopf.on.event(c.GROUP, c.VERSION, c.PLURAL, when=annotation_pending)
+def rollout_annotation(body: kopf.Body, type: str | None, logger: logging.Logger, **_: Any) -> None:
+    if type != "DELETED":
+        run_tick("rollout_annotation", body, logger)
