@@ -36,9 +36,9 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 KUBECTL = "/usr/bin/kubectl"
-INTERVAL = "4s"
+INTERVAL = "5s"
 # Loose on latency (CPU engines share two cores with everything else), strict on errors.
-ANALYSIS = {"minRequests": 3, "maxTtftP95Ratio": 20, "maxTpotP95Ratio": 20, "maxErrorRate": 0.05,
+ANALYSIS = {"minRequests": 2, "maxTtftP95Ratio": 20, "maxTpotP95Ratio": 20, "maxErrorRate": 0.05,
             "maxFallbackRate": 100, "minKvCacheEfficiency": 0, "maxPreemptionRate": 100, "maxRestarts": 0}
 CANARY_ENGINES = {  # engine -> `kvpilot serve` flags
     "stable": ("--kv-cache-dtype", "bfloat16"),
@@ -209,7 +209,7 @@ def env(k8s_cluster, gateway_api, tmp_path_factory) -> Iterator[dict[str, Any]]:
                 track_urls += ["--track-url", f"{ns}/{service}/{track}={engine.api_url}"]
         prom = PrometheusServer({"kvpilot-engines": targets}, work / "prometheus").start()
         operator = Operator(k8s_cluster.kubeconfig, [
-            "--namespace", ns, "--prometheus-url", prom.url, "--gateway", f"gw/{ns}", "--rollout-tick", "0.5",
+            "--namespace", ns, "--prometheus-url", prom.url, "--gateway", f"gw/{ns}", "--rollout-tick", "1",
             *track_urls], work / "operator.log")
         with Load([e.api_url for e in engines.values()]):
             kube.apply(probe_configmap(ns, engines["stable"].api_url))
@@ -416,7 +416,7 @@ def test_rollback_annotation_after_promotion_restores_the_previous_stable(env: d
     assert route_weight(env, name) == 0 and deployment(env, f"{name}-canary") is None
     cleared = plugin(env, "rollout", "rollback", name, "--clear")
     assert cleared.returncode == 0, cleared.stderr
-    time.sleep(2)  # four ticks: clearing the flag restores nothing and restarts nothing
+    time.sleep(2)  # two ticks: clearing the flag restores nothing and restarts nothing
     assert canary_status(env, name)["phase"] == "RolledBack"
     assert "bfloat16" in engine_args(deployment(env, f"{name}-stable"))
 
@@ -477,7 +477,7 @@ def test_rollback_flag_mid_rollout_moves_the_route_to_100_0_within_5_s(env: dict
     assert done["reason"] == "RollbackRequested"
     wait_for(lambda: deployment(env, f"{name}-canary").spec.replicas == 0, "canary scaled to 0", 30)
     patch(env, name, {"spec": {"rollback": False}})
-    time.sleep(3)  # six ticks: clearing the flag must not restart the rollout
+    time.sleep(3)  # three ticks: clearing the flag must not restart the rollout
     assert canary_status(env, name)["phase"] == "RolledBack" and route_weight(env, name) == 0
     assert deployment(env, f"{name}-canary").spec.replicas == 0
 
@@ -489,10 +489,10 @@ def test_operator_killed_mid_rollout_resumes_without_repeating_a_step(env: dict[
     operator: Operator = env["operator"]
     with Recorder(env, name) as rec:
         wait_canary(env, name, lambda s: s.get("weight") == 5, "5%", 60)
-        time.sleep(1.0)  # mid-step (steps last 4 s), once kopf has posted the step's Event
+        time.sleep(1.0)  # mid-step (steps last 5 s), once kopf has posted the step's Event
         operator.kill()
         frozen = canary_status(env, name)
-        time.sleep(5)  # longer than a step: nothing moves without the operator
+        time.sleep(6)  # longer than a step: nothing moves without the operator
         assert canary_status(env, name) == frozen
         operator.start()
         done = wait_canary(env, name, lambda s: s.get("phase") in ("Promoted", "RolledBack", "Failed"), "done", 90)

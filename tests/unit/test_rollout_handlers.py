@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
 
-from kvpilot.operator.handlers.rollout import annotation_pending, needs_ticks
+from kvpilot.operator.handlers.rollout import annotation_pending, needs_ticks, waiting_out_a_step
 from kvpilot.operator.spec import canary_hash
 
 pytestmark = pytest.mark.unit
@@ -37,3 +39,18 @@ def test_promote_and_abort_act_only_on_the_rollout_they_name() -> None:
     assert not annotation_pending(meta={"annotations": {"kvpilot.io/promote": "h1"}}, status=status("Promoting"))
     assert annotation_pending(meta={"annotations": {"kvpilot.io/abort": "h1"}}, status=status("Analysing"))
     assert not annotation_pending(meta={"annotations": {"kvpilot.io/abort": "h1"}}, status=status("RolledBack"))
+
+
+def test_a_tick_inside_a_steps_window_costs_nothing_and_one_at_its_end_does_the_work() -> None:
+    raw = {**CANARY, "interval": "10s"}
+    body = {"spec": {"canary": raw}, "status": {"canary": {
+        "phase": "Progressing", "specHash": canary_hash(raw), "stepStartedAt": "2026-01-01T00:00:00Z"}}}
+    at = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    assert waiting_out_a_step(body, at + datetime.timedelta(seconds=9))
+    assert not waiting_out_a_step(body, at + datetime.timedelta(seconds=10))
+    flagged = {**body, "metadata": {"annotations": {"kvpilot.io/rollback": "true"}}}
+    assert not waiting_out_a_step(flagged, at)
+    assert not waiting_out_a_step({**body, "spec": {"canary": raw, "rollback": True}}, at)
+    edited = {**body, "spec": {"canary": {**raw, "steps": [1, 100]}}}
+    assert not waiting_out_a_step(edited, at)
+    assert not waiting_out_a_step({**body, "status": {"canary": {"phase": "Analysing"}}}, at)

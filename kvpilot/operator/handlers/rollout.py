@@ -3,7 +3,9 @@ and the rollback/promote/abort annotations act at once. Everything else is in kv
 
 from __future__ import annotations
 
+import datetime
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -16,8 +18,9 @@ from kvpilot.operator.canary.controller import tick
 from kvpilot.operator.handlers.context import context_for
 from kvpilot.operator.kube import KubeError
 from kvpilot.operator.rollout import phases
+from kvpilot.operator.rollout.state import parse_time
 from kvpilot.operator.routing import RouterUnavailable
-from kvpilot.operator.spec import canary_hash
+from kvpilot.operator.spec import canary_hash, parse_duration
 from kvpilot.operator.status_writer import StatusConflict
 
 
@@ -44,8 +47,33 @@ def run_tick(handler: str, body: kopf.Body, logger: logging.Logger) -> None:
         logger.debug("rollout %s: step %s at %s%%", status.phase, status.step, status.weight)
 
 
+def waiting_out_a_step(body: Mapping[str, Any], now: datetime.datetime) -> bool:
+    """A step whose window has not elapsed and nothing else to do: the tick would change nothing.
+
+    Read from kopf's copy of the object, so most ticks cost no API request at all; spec edits and
+    the annotations have their own handlers, and anything unexpected falls through to a real tick.
+    """
+    spec, status = body.get("spec") or {}, body.get("status") or {}
+    canary, raw = status.get("canary") or {}, spec.get("canary")
+    if not raw or canary.get("phase") != phases.PROGRESSING or not canary.get("stepStartedAt"):
+        return False
+    if raw.get("paused") or spec.get("rollback") or canary.get("specHash") != canary_hash(raw):
+        return False
+    annotations = (body.get("metadata") or {}).get("annotations") or {}
+    if annotations.get(options.ANNOTATION_ROLLBACK, "").lower() == "true" or canary["specHash"] in (
+            annotations.get(options.ANNOTATION_PROMOTE), annotations.get(options.ANNOTATION_ABORT)):
+        return False
+    try:
+        elapsed = (now - parse_time(canary["stepStartedAt"])).total_seconds()
+        return elapsed < parse_duration(str(raw.get("interval", "5m")))
+    except ValueError:
+        return False
+
+
 @kopf.timer(c.GROUP, c.VERSION, c.PLURAL, interval=options.current().tick_s, when=needs_ticks)
 def rollout_timer(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+    if waiting_out_a_step(body, datetime.datetime.now(datetime.UTC)):
+        return
     run_tick("rollout_timer", body, logger)
 
 
