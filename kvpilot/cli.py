@@ -16,10 +16,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("kvpilot.operator.cli", "run the InferenceService operator (kopf)"),
     "cluster": ("kvpilot.cluster.cli", "start/stop a local control plane with fake GPU nodes"),
     "demo": ("kvpilot.demo", "the end-to-end demo"),
+    "bench": ("kvpilot.bench.cli", "benchmarks: offline engine throughput, serving load (TTFT/TPOT)"),
 }
 # The pyproject extra whose packages a command imports (an image installs only some extras).
 EXTRAS: dict[str, str] = {"serve": "engine", "make-model": "engine", "sidecar": "sidecar", "operator": "operator",
-                          "demo": "all"}
+                          "demo": "all", "bench": "engine"}
 
 
 def _top_parser() -> argparse.ArgumentParser:

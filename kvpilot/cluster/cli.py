@@ -23,6 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--gateway-api", action=argparse.BooleanOptionalAction, default=True,
                     help="install the Gateway API standard-channel CRDs pinned in tools/gateway-api/go.mod "
                          "(default on)")
+    up.add_argument("--gateway", action=argparse.BooleanOptionalAction, default=True,
+                    help="start the local gateway stand-in (nginx serving HTTPRoutes; docs/dev/local-fleet.md)")
+    up.add_argument("--pod-runner", action=argparse.BooleanOptionalAction, default=True,
+                    help="run pods of namespaces named fleet-* as real processes "
+                         "(needs root; skipped with a warning otherwise)")
     for name, text in (("down", "stop every process `up` started and delete its files"),
                        ("env", "print `export KUBECONFIG=...` for the running cluster"),
                        ("status", "print the recorded processes and whether each still runs")):
@@ -48,6 +53,17 @@ def _fetch_gateway_api() -> int:
     return 0
 
 
+def _start_fleet(cluster, gateway: bool, pod_runner: bool) -> None:  # type: ignore[no-untyped-def]
+    from kvpilot.cluster.gateway.nginx_process import nginx_missing
+    from kvpilot.cluster.podrunner.netns import unavailable
+
+    for flag, why in (("gateway", nginx_missing() if gateway else None),
+                      ("pod-runner", unavailable() if pod_runner else None)):
+        if why:
+            print(f"kvpilot cluster up: not starting the {flag}: {why}", file=sys.stderr)
+    cluster.start_fleet(gateway=gateway and not nginx_missing(), pod_runner=pod_runner and not unavailable())
+
+
 def run(args: argparse.Namespace) -> int:
     if args.action == "build":
         rc = build.build_all(args.components or None, force=args.force)
@@ -65,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
                            gpu_memory_mib=args.gpu_memory_mib)
         cluster = LocalCluster(args.state_dir, nodes=args.nodes, node_spec=spec, start_timeout_s=args.timeout)
         try:
-            cluster.start()
+            cluster.start()  # stops what it started if it fails
             if args.gateway_api:
                 from kvpilot.cluster import gateway_api
 
@@ -75,6 +91,12 @@ def run(args: argparse.Namespace) -> int:
         except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
             print(f"kvpilot cluster up: {exc}", file=sys.stderr)
             cluster.stop()
+            return 1
+        try:
+            _start_fleet(cluster, args.gateway, args.pod_runner)
+        except (RuntimeError, TimeoutError) as exc:
+            cluster.stop()
+            print(f"kvpilot cluster up: {exc}", file=sys.stderr)
             return 1
         print(f"cluster ready in {cluster.started_in_s:.1f} s: {cluster.server}, "
               f"{args.nodes} fake GPU node(s) ({', '.join(cluster.node_names)})", file=sys.stderr)

@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -32,12 +33,19 @@ import yaml
 
 from kvpilot.cluster import build, pki, processes
 from kvpilot.cluster import nodes as fake_nodes
+from kvpilot.cluster import prometheus as local_prometheus
 from kvpilot.cluster.api import ApiClient
 
 STAGES_FILE = Path(__file__).with_name("kwok_stages.yaml")
 SERVICE_CIDR = "10.0.0.0/24"
-POD_CIDR = "10.244.0.1/16"
+# KWOK hands out pod IPs from here (the benchmarking range, 198.18.0.0/15, clashes with no real
+# network); the pod runner puts real processes behind them (kvpilot.cluster.podrunner).
+POD_CIDR = "198.18.0.1/16"
 ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+# The local fleet on top (`start_fleet`): real processes behind pods, and the gateway stand-in.
+FLEET = {"kvpilot-podrunner": "kvpilot.cluster.podrunner", "kvpilot-gateway": "kvpilot.cluster.gateway",
+         "prometheus": ""}
+FLEET_STOP_GRACE_S = 40.0  # the runner stops every engine (each up to 10 s, all at once)
 # Every default controller runs. kube-controller-manager 1.37 has no in-tree cloud controllers
 # left to disable, and node IPAM stays off because --allocate-node-cidrs is false.
 CONTROLLERS = "*"
@@ -142,14 +150,54 @@ class LocalCluster:
                    lambda: api.exists("/api/v1/namespaces/default/serviceaccounts/default"), left(),
                    log_of="kube-controller-manager")
 
+    def start_fleet(self, gateway: bool = True, pod_runner: bool = True, prometheus: bool = True,
+                    scrape_interval: str = "1s") -> None:
+        """Start the pod runner (real processes behind pods of namespaces named `fleet-*`; needs
+        root), the gateway stand-in (nginx serving the
+        HTTPRoutes of Gateways of class `kvpilot-local`) and a Prometheus scraping the running
+        pods (`prometheus_url`). docs/dev/local-fleet.md."""
+        wanted = {"kvpilot-podrunner": pod_runner, "kvpilot-gateway": gateway, "prometheus": prometheus}
+        for name, on in wanted.items():
+            if not on or processes.is_alive(self.pids.get(name, -1), self.binaries.get(name)):
+                continue
+            if name == "prometheus":
+                self.ports["prometheus"] = processes.free_ports(1)[0]
+                argv = local_prometheus.argv(self.state_dir, self.ports["prometheus"], scrape_interval)
+            else:
+                argv = [sys.executable, "-m", FLEET[name], "--state-dir", str(self.state_dir)]
+            proc = processes.spawn(argv, self.log_path(name), self.die_with_parent)
+            self.pids[name], self.binaries[name] = proc.pid, argv[0]
+            self._save()
+        if prometheus:
+            self._wait("prometheus", lambda: processes.http_ok(f"{self.prometheus_url}/-/ready"), 60)
+        for name in (n for n, on in wanted.items() if on and n != "prometheus"):
+            time.sleep(0.5)
+            if not processes.is_alive(self.pids[name], sys.executable):  # died at once: bad flags, no root
+                raise RuntimeError(f"{name} exited during start-up{processes._log_tail(self.log_path(name))}")
+
+    @property
+    def prometheus_url(self) -> str:
+        """The fleet's Prometheus (after `start_fleet`)."""
+        return f"http://127.0.0.1:{self.ports['prometheus']}"
+
     def stop(self) -> None:
         """Stop every process this cluster started (by PID, reverse order) and delete the files it
         wrote; the state dir itself goes only if nothing else is left in it."""
-        for name in reversed(ORDER):
+        for name in (*FLEET, *reversed(ORDER)):
             pid = self.pids.pop(name, None)
             if pid is not None:
-                processes.terminate(pid, self.binaries.get(name))
-        for entry in ("pki", "etcd", "logs", "kube-controller-manager", "kube-scheduler"):
+                grace = FLEET_STOP_GRACE_S if name == "kvpilot-podrunner" else 10.0
+                processes.terminate(pid, self.binaries.get(name), grace_s=grace)
+        from kvpilot.cluster.podrunner.runner import cleanup_leftovers
+
+        cleanup_leftovers(self.state_dir)
+        nginx_pid = self.state_dir / "gateway" / "nginx.pid"
+        with contextlib.suppress(OSError, ValueError):  # nginx outlived a killed gateway controller
+            pid = int(nginx_pid.read_text().strip())
+            if "nginx" in processes.cmdline(pid):
+                processes.terminate(pid)
+        for entry in ("pki", "etcd", "logs", "kube-controller-manager", "kube-scheduler", "gateway", "pods",
+                      "prometheus"):
             shutil.rmtree(self.state_dir / entry, ignore_errors=True)
         for entry in ("kubeconfig", "state.json", "state.json.tmp"):
             (self.state_dir / entry).unlink(missing_ok=True)

@@ -48,7 +48,7 @@ def spawn(argv: list[str], log_path: Path, die_with_parent: bool = False) -> sub
         )
 
 
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
@@ -63,7 +63,7 @@ def is_alive(pid: int, binary: str | None = None) -> bool:
         return False
     if state in ("Z", "X"):
         return False
-    return binary is None or _cmdline(pid).startswith(binary)
+    return binary is None or cmdline(pid).startswith(binary)
 
 
 def terminate(pid: int, binary: str | None = None, grace_s: float = 10.0) -> None:
@@ -139,5 +139,5 @@ def client_tls(ca: Path, cert: Path, key: Path) -> ssl.SSLContext:
     return context
 
 
-__all__ = ["client_tls", "free_ports", "http_ok", "is_alive", "spawn", "terminate", "unverified_tls",
+__all__ = ["client_tls", "cmdline", "free_ports", "http_ok", "is_alive", "spawn", "terminate", "unverified_tls",
            "wait_until"]

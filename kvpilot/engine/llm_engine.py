@@ -17,7 +17,7 @@ from kvpilot.engine.step_hooks import StepHooks
 from kvpilot.engine.strategies.kv_quant.pools import apply_kv_stats, build_block_manager
 from kvpilot.engine.tokenizer import Tokenizer
 from kvpilot.engine.worker.model_runner import ModelRunner
-from kvpilot.engine.worker.scoring import score_paged
+from kvpilot.engine.worker.scoring import score_paged, scores_through_cache
 
 
 @dataclass
@@ -65,6 +65,7 @@ class LLMEngine:
             config, self.runner, self.block_manager, self.scheduler, self.max_model_len, self._requeue
         )
         self.evictor = self.checks.evictor
+        self.scores_through_cache = scores_through_cache(self.runner, self.evictor)
         self.stats_state = EngineStats()
         self._seqs: dict[str, Sequence] = {}
         self._texts: dict[str, str] = {}
@@ -192,8 +193,11 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         if any(not 0 <= t < vocab for t in [*prompt_token_ids, *continuation_token_ids]):
             raise ValueError(f"token ids must be in [0, {vocab})")
-        if self.evictor is not None:  # scoring must see what serving sees: the evicted view
-            return score_paged(self.runner, self.block_manager, self.evictor, prompt_token_ids, continuation_token_ids)
+        if self.scores_through_cache:  # score what serving computes: 8-bit K/V, the evicted view, a state
+            chunk = None if self.evictor is not None else self.config.max_num_batched_tokens
+            return score_paged(
+                self.runner, self.block_manager, self.evictor, prompt_token_ids, continuation_token_ids, chunk
+            )
         return self.runner.score(prompt_token_ids, continuation_token_ids)
 
     def reset_stats(self) -> None:

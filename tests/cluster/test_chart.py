@@ -377,3 +377,63 @@ def test_dashboards_in_the_chart_render_as_labelled_configmaps(helm_home) -> Non
         for key, text in m["data"].items():
             assert json.loads(text) == json.loads((CHART / "dashboards" / key).read_text())
 
+
+
+def test_cluster_wide_install_grants_every_namespace_but_no_secrets(helm_home, kubectl, k8s_cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The default (all namespaces) release installed; its token checked by access reviews (its operator
+    is not run: it would reconcile the other tests' namespaces)."""
+    sfx = _suffix()
+    system, release = f"kvp-cw-{sfx}", f"kvp-cw-{sfx}"
+    kubectl("create", "namespace", system)
+    admin = f"--kubeconfig={k8s_cluster.kubeconfig}"
+    try:
+        helm("install", release, str(CHART), "-n", system, admin, "--set", f"peering.name=kvpilot-{sfx}",
+             home=helm_home)
+        peering = kubectl.get("clusterkopfpeering", f"kvpilot-{sfx}")
+        assert peering["metadata"]["labels"]["app.kubernetes.io/instance"] == release
+        sa = Kubectl(token_kubeconfig(k8s_cluster.kubeconfig, k8s_cluster.server, system, f"{release}-kvpilot",
+                                      tmp_path / "cw.kubeconfig"))
+        anywhere = f"anywhere-{sfx}"  # need not exist: RBAC is checked before the namespace
+        for verb, group, resource in [("create", "apps", "deployments"), ("watch", "kvpilot.io", "inferenceservices"),
+                                      ("create", "gateway.networking.k8s.io", "httproutes")]:
+            assert _allowed(sa, verb, group, resource, anywhere), (verb, resource)
+        assert _allowed(sa, "patch", "kopf.dev", "clusterkopfpeerings", None)
+        assert not _allowed(sa, "get", "", "secrets", anywhere)
+        assert not _allowed(sa, "delete", "", "nodes", None)
+        assert not _allowed(sa, "list", "", "namespaces", None)  # granted only with watchNamespaces
+    finally:
+        helm("uninstall", release, "-n", system, admin, home=helm_home, check=False)
+        kubectl("delete", "namespace", system, "--wait=false", check=False)
+
+
+def test_a_canary_gets_its_httproute_with_the_chart_token(installed, kubectl, k8s_cluster) -> None:  # type: ignore[no-untyped-def]
+    """The canary example through the operator on the chart's token, up to its HTTPRoute on a Gateway."""
+    if not _canary_fields_served():
+        pytest.skip("crds/ has no spec.canary.gateway yet (the rollout's CRD change is not merged)")
+    harness = pytest.importorskip("tests.harness.gateway", reason="the Gateway API harness comes with the rollout")
+    from kvpilot.operator.routing.httproute import route_name
+
+    harness.gw.install(k8s_cluster.api())
+    ns = installed["watched"]
+    harness.apply_gateway(harness.kube_client(k8s_cluster), ns, "inference-gateway")
+    body = yaml.safe_load((REPO / "examples" / "llama-3-8b-canary-int8.yaml").read_text())
+    # Pods that KWOK can run: a product its nodes carry, and a hostPath model instead of a claim.
+    body["spec"]["canary"]["gateway"] = {"name": "inference-gateway", "namespace": ns}
+    body["spec"]["resources"]["gpuProduct"] = kubectl.get("nodes")["items"][0]["metadata"]["labels"][
+        "nvidia.com/gpu.product"]
+    body["spec"]["model"]["uri"] = "file:///models/llama-3-8b-instruct"
+    name = body["metadata"]["name"]
+    kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(body))
+    try:
+        try:
+            wait_for(lambda: kubectl("get", "httproute", route_name(name), "-n", ns, check=False).returncode == 0,
+                     "the canary's HTTPRoute", 120)
+        except AssertionError as exc:
+            status = kubectl.get("kvis", name, "-n", ns).get("status")
+            raise AssertionError(f"{exc}; status {status}; log:\n{installed['operator'].text()[-2000:]}") from None
+        route = kubectl.get("httproute", route_name(name), "-n", ns)
+        assert route["spec"]["parentRefs"][0]["name"] == "inference-gateway"
+        log = installed["operator"].text()
+        assert not re.search(r"forbidden|\b403\b", log, re.IGNORECASE), log[-4000:]
+    finally:
+        kubectl("delete", "kvis", name, "-n", ns, "--wait=false", check=False)

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service.conftest import SERVED_MODEL, STRATEGY, ServerProcess
+from tests.service.conftest import DEFAULT_FLAGS, SERVED_MODEL, STRATEGY, ServerProcess
 
 pytestmark = pytest.mark.service
 
@@ -85,3 +85,23 @@ def test_score_errors(server: ServerProcess) -> None:
         server.base_url + "/v1/score", json={"model": "other", "prompt": "x", "continuation": "y"}
     )
     assert wrong.status_code == 404
+
+
+def test_int8_kv_server_scores_what_it_serves(server: ServerProcess, start_server, tiny_model: Path) -> None:
+    """An int8-KV canary's /v1/score is not the stable one's: it scores through its own 8-bit cache
+    (as the engine in this process with the same flag does), so the rollout's accuracy probe sees it."""
+    from kvpilot.engine.config import EngineConfig
+    from kvpilot.engine.llm_engine import LLMEngine
+
+    int8 = start_server(*DEFAULT_FLAGS, "--kv-cache-dtype", "int8")
+    body = {"model": SERVED_MODEL, "prompt": "Quantised caches drift a little", "continuation": " over a long answer."}
+    stable = httpx.post(server.base_url + "/v1/score", json=body, timeout=60).json()
+    canary = httpx.post(int8.base_url + "/v1/score", json=body, timeout=60).json()
+    assert canary["continuation_token_ids"] == stable["continuation_token_ids"]
+    diffs = [abs(a - b) for a, b in zip(canary["token_logprobs"], stable["token_logprobs"], strict=True)]
+    assert max(diffs) > 1e-5, "the int8 server scored exactly like the fp32-cache one"
+    assert max(diffs) < 0.05  # int8 per-token scales stay close
+    local = LLMEngine(EngineConfig(model=str(tiny_model), kv_cache_dtype="int8", num_kv_blocks=64,
+                                   max_model_len=256, show_progress=False))
+    prompt_ids = local.tokenizer.encode(body["prompt"])
+    assert canary["token_logprobs"] == pytest.approx(local.score(prompt_ids, canary["continuation_token_ids"]), abs=1e-4)

@@ -150,12 +150,13 @@ def test_static_fill_pads_rows_to_the_bucket() -> None:
     assert static.context_lens[:4].tolist() == [2, 2, 2, 2] and (static.slot_mapping[:4] >= 0).all()
 
 
-def test_config_flag_defaults_off_and_cli_sets_it() -> None:
-    assert EngineConfig(model="m").cuda_graphs is False
+def test_graphs_default_on_and_enforce_eager_turns_them_off() -> None:
+    assert EngineConfig(model="m").cuda_graphs is True and EngineConfig(model="m").enforce_eager is False
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    assert parser.parse_args(["--model", "m"]).cuda_graphs is False
-    assert parser.parse_args(["--model", "m", "--cuda-graphs"]).cuda_graphs is True
+    assert parser.parse_args(["--model", "m"]).cuda_graphs is True
+    assert parser.parse_args(["--model", "m", "--no-cuda-graphs"]).cuda_graphs is False
+    assert parser.parse_args(["--model", "m", "--enforce-eager"]).enforce_eager is True
 
 
 # -- the padded path on a CPU engine ------------------------------------------------------------

@@ -18,6 +18,7 @@ from kvpilot.engine.config.strategy import (
 )
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+LOAD_FORMATS = ("auto", "dummy")
 
 
 def knob(default: Any, help: str, **cli: Any) -> Any:
@@ -37,8 +38,10 @@ class EngineConfig:
     num_kv_blocks: int | None = knob(None, "KV pool size in blocks (default: from the capacity plan)")
     gpu_memory_utilization: float = 0.9
     cpu_kv_cache_bytes: int = 64 * 2**20
-    max_num_seqs: int = knob(64, "sequences running at once")
-    max_num_batched_tokens: int = knob(2048, "tokens per step (prefill budget)")
+    max_num_seqs: int | None = knob(None, "sequences running at once (default: sized from the device, config/batch.py)")
+    max_num_batched_tokens: int | None = knob(
+        None, "tokens per step, the prefill budget (default: sized from the device, config/batch.py)"
+    )
     max_model_len: int | None = knob(None, "prompt + output tokens at most (default: config.json)")
     enable_prefix_caching: bool = knob(True, "reuse the KV blocks of a shared prompt prefix")
     enable_chunked_prefill: bool = knob(True, "split long prompts over steps", flag="--chunked-prefill")
@@ -76,7 +79,12 @@ class EngineConfig:
     validation_layer: int = 0  # the layer compared (negative: from the end); a check costs ~(layer+1)/L of a prefill
     validation_threshold: float = 0.92  # cosine below this moves the sequence to the exact path
     head_utilization_every: int = knob(64, "decode steps between head-utilisation samples")
-    cuda_graphs: bool = knob(False, "replay CUDA graphs for decode-only steps (CUDA)")
+    cuda_graphs: bool = knob(True, "replay CUDA graphs for decode-only steps (CUDA; on CPU nothing is captured)")
+    enforce_eager: bool = knob(False, "never capture CUDA graphs: every step runs eagerly (as vLLM's flag)")
+    load_format: str = knob(
+        "auto", "auto: the checkpoint's safetensors; dummy: random weights of config.json's shape (benchmarks)",
+        choices=LOAD_FORMATS,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -91,10 +99,14 @@ class EngineConfig:
             )
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1 or None (sized from the device), got {self.max_num_seqs}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_batched_tokens must be >= 1 or None (sized from the device), got {self.max_num_batched_tokens}"
+            )
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(
                 f"max_model_len must be >= 2 or None (from config.json), got {self.max_model_len}"

@@ -108,9 +108,16 @@ def run(args: argparse.Namespace) -> int:
 def _prepare(args: argparse.Namespace) -> tuple[Any, Any, str]:
     from kvpilot.checkpoint_digest import verify_checkpoint
     from kvpilot.engine.config import EngineConfig
+    from kvpilot.engine.config.batch import fill_batch_defaults
     from kvpilot.engine.server import ServerSettings
     from kvpilot.engine.server.auth import read_key_file
-    from kvpilot.engine.server.capacity import parse_bytes, plan_for, resolve_device, strategy_name
+    from kvpilot.engine.server.capacity import (
+        device_memory,
+        parse_bytes,
+        plan_for,
+        resolve_device,
+        strategy_name,
+    )
     from kvpilot.engine.server.faults import FaultSettings
     from kvpilot.planner import PlannerError, format_plan
 
@@ -124,8 +131,10 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any, str]:
         verify_checkpoint(args.model, args.model_sha256)
     config = EngineConfig(model=str(args.model), show_progress=False, **config_kwargs(args))
     device = resolve_device(config.device)
+    budget = parse_bytes(args.cpu_memory_budget)
+    fill_batch_defaults(config, device.split(":")[0], device_memory(device, budget).memory_bytes)  # as LLM() does
     try:
-        plan = plan_for(config, device, parse_bytes(args.cpu_memory_budget), args.kv_watermark)
+        plan = plan_for(config, device, budget, args.kv_watermark)
     except PlannerError as exc:
         raise ValueError(f"capacity plan: {exc}") from exc
     lines = ["capacity plan (kvpilot.planner):", format_plan(plan)]

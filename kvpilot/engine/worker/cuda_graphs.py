@@ -1,7 +1,7 @@
 """CUDA graphs for decode-only steps: one captured forward per batch-size bucket, replayed with padding.
 
 A decode step of a small model is hundreds of short kernel launches; replaying a captured graph
-issues them as one. At engine start (`EngineConfig.cuda_graphs`) the runner captures the model's
+issues them as one. At engine start (`EngineConfig.cuda_graphs`, on by default; `enforce_eager` turns it off) the runner captures the model's
 forward for each bucket of `graph_batch_sizes` over static input buffers (`StaticInputs`). A
 decode-only step of n sequences then copies its inputs into the first n rows, pads rows n..bucket
 (slot -1: the store writes nothing; context length 0: the decode kernels attend to nothing and
@@ -240,8 +240,8 @@ def build_decode_graphs(runner: Any) -> DecodeGraphs | None:  # a ModelRunner (i
         latent_cache=runner.mla.latent_width is not None,
         recurrent_state=runner.linear_state is not None,
     )
-    if reason is not None:
-        log.warning("cuda_graphs: decode steps stay eager (%s)", reason)
+    if reason is not None:  # on by default: a CPU engine is not worth a warning, an uncapturable GPU one is
+        (log.info if runner.device.type != "cuda" else log.warning)("cuda_graphs: decode steps stay eager (%s)", reason)
         return None
     max_len = min(mc.max_position_embeddings, min(runner.kv_pool_sizes) * runner.block_size)
     if config.max_model_len is not None:

@@ -154,3 +154,23 @@ def stored_bytes(tensor_slice) -> int:
     for dim in tensor_slice.get_shape():
         numel *= dim
     return numel * DTYPE_BYTES.get(tensor_slice.get_dtype(), 1)
+
+
+@torch.no_grad()
+def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
+    """Random weights in place of a checkpoint (`load_format="dummy"`: benchmarks of a model's shape).
+
+    Matrices ~ N(0, 1/fan_in) so activations keep their scale through the layers, norm weights
+    ~ 1 + N(0, 0.1^2), other vectors (biases) ~ N(0, 0.1^2); drawn on the model's device.
+    """
+    params = list(model.named_parameters())
+    if not params:
+        return
+    gen = torch.Generator(device=params[0][1].device).manual_seed(seed)
+    for name, param in params:
+        if param.dim() >= 2:
+            param.normal_(0.0, param.shape[-1] ** -0.5, generator=gen)
+        elif "norm" in name:
+            param.normal_(1.0, 0.1, generator=gen)
+        else:
+            param.normal_(0.0, 0.1, generator=gen)

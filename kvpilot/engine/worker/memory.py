@@ -17,6 +17,11 @@ def pick_device(requested: str) -> torch.device:
     return torch.device(requested)
 
 
+def device_memory_bytes(device: torch.device) -> int:
+    """Total memory of a CUDA device (0 on CPU: its batch limits do not depend on memory)."""
+    return int(torch.cuda.get_device_properties(device).total_memory) if device.type == "cuda" else 0
+
+
 def pick_dtype(requested: str, model_dtype: str, device: torch.device) -> torch.dtype:
     """'auto': the checkpoint's dtype on CUDA, float32 on CPU (bf16 matmuls are slow there)."""
     if requested != "auto":

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from kvpilot.engine.config import EngineConfig, ModelConfig
+from kvpilot.engine.config.batch import fill_batch_defaults
 from kvpilot.engine.config.strategy import check_model_strategy, served_model_config
 from kvpilot.engine.context import Context, dense_context, reset_context, set_context
 from kvpilot.engine.core.scheduler import SchedulerOutput
@@ -17,9 +18,10 @@ from kvpilot.engine.strategies.mla.apply import apply_mla
 from kvpilot.engine.worker.cuda_graphs import build_decode_graphs
 from kvpilot.engine.worker.inputs import BlockTableRows, InputStager
 from kvpilot.engine.worker.kv_cache import KVCache, allocate_kv_cache, block_bytes, kv_layout_for
-from kvpilot.engine.worker.loader import load_weights
+from kvpilot.engine.worker.loader import init_dummy_weights, load_weights
 from kvpilot.engine.worker.memory import (
     cuda_kv_blocks,
+    device_memory_bytes,
     estimate_activation_bytes,
     pick_device,
     pick_dtype,
@@ -37,6 +39,7 @@ class ModelRunner:
         self.config = config
         self.model_config = model_config = served_model_config(config, model_config)  # GQA conversion
         self.device = pick_device(config.device)
+        fill_batch_defaults(config, self.device.type, device_memory_bytes(self.device))  # config/batch.py
         self.dtype = pick_dtype(config.dtype, model_config.torch_dtype, self.device)
         self.kv_layout = kv_layout_for(config, self.dtype)  # 16-bit, int8, fp8, auto (worker/kv_cache.py)
         self.kv_dtype = self.kv_layout.dtype
@@ -46,9 +49,13 @@ class ModelRunner:
         self.model = model.to_empty(device=self.device)
         self.model.tie_weights()
         self._restore_buffers()
-        load_weights(
-            self.model, config.model, config.weight_sha256, config.show_progress, gqa_transform(config, model_config)
-        )
+        if config.load_format == "dummy":
+            init_dummy_weights(self.model)
+        else:
+            load_weights(
+                self.model, config.model, config.weight_sha256, config.show_progress,
+                gqa_transform(config, model_config),
+            )  # fmt: skip
         self.model.eval()
         self.mla = apply_mla(self.model, config, model_config)  # native DeepSeek MLA or SVD conversion
         apply_linear(self.model, config)  # Performer conversion of softmax layers (attention="linear")
@@ -69,7 +76,8 @@ class ModelRunner:
         self.kv_cache = self.cache.kv_cache
         self.num_kv_blocks = self.cache.num_blocks
         self.kv_pool_sizes = self.cache.pool_sizes  # (16-bit, int8) under auto switching
-        self.decode_graphs = build_decode_graphs(self) if config.cuda_graphs else None  # worker/cuda_graphs.py
+        capture = config.cuda_graphs and not config.enforce_eager
+        self.decode_graphs = build_decode_graphs(self) if capture else None  # worker/cuda_graphs.py
 
     @property
     def is_cuda(self) -> bool:

@@ -1,10 +1,11 @@
 """Teacher-forced scoring through the serving path: the paged cache, its dtype, eviction, state pool.
 
-`LLMEngine.score()` runs the model densely (no cache), which is exact but blind to approximations
+`ModelRunner.score()` runs the model densely (no cache), which is exact but blind to approximations
 that live in the cache (8-bit K/V, eviction, a recurrent summary). `score_paged` feeds the text
 through the same kernels as serving, in chunks of `chunk` tokens (default: one block), with the
 evictor applied after each chunk exactly as after a step. A token's log-probability then comes
 from the view a served decode at that position would have had (to within one chunk).
+`scores_through_cache` says when the engine must score this way (`LLMEngine.score` asks it).
 """
 
 from __future__ import annotations
@@ -19,6 +20,19 @@ from kvpilot.engine.core.sequence import Sequence, SequenceStatus
 from kvpilot.engine.sampling_params import SamplingParams
 
 _SCORE_ID = "__kvpilot_score__"
+
+
+def scores_through_cache(runner: Any, evictor: Any) -> bool:
+    """Whether what serving computes differs from the dense computation, so scoring must take the
+    paged path: a KV cache in another dtype than the model's (int8, fp8, auto switching, a 16-bit
+    cache under an fp32 model), eviction, or a recurrent state (linear attention, MiniMax)."""
+    layout = runner.kv_layout
+    return (
+        evictor is not None
+        or runner.linear_state is not None
+        or layout.kind == "auto-switch"
+        or layout.dtype != runner.dtype
+    )
 
 
 @torch.inference_mode()

@@ -142,7 +142,10 @@ class PooledBlockManager:
         return self.manager_of(seq).can_append(seq, num_new_tokens)
 
     def may_append(self, seq: Sequence, num_new_tokens: int = 1) -> None:
-        self.manager_of(seq).may_append(seq, num_new_tokens)
+        name = self.pool_of(seq)
+        self.pools[name].may_append(seq, num_new_tokens)
+        if seq.block_table:  # a sequence that never allocate()d (paged scoring) is bound by its first blocks
+            self._bound.setdefault(seq.request_id, name)
 
     def commit(self, seq: Sequence) -> None:
         self.manager_of(seq).commit(seq)

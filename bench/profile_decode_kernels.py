@@ -1,0 +1,77 @@
+"""Where a decode step of a named shape spends GPU time, by kernel (torch profiler), and its step time.
+
+    PYTHONPATH=. python3 bench/profile_decode_kernels.py [--shape llama-3-8b] [--batch 1] [--context 512] \
+        [--steps 20] [--top 18] [EngineConfig knobs, e.g. --enforce-eager]
+
+Random weights of the shape (load_format=dummy). `--batch` requests with `--context` prompt tokens
+already computed (bench/decode_harness.admit_computed: blocks allocated, K/V random) decode for
+`--steps` timed steps after 5 warm-up steps: the median wall time of LLMEngine.step() is printed,
+then, over `--steps` more steps under the profiler, the GPU kernels by total time per step
+(graph replays included where CUPTI reports them; run with --enforce-eager to see every kernel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+
+import torch
+
+from bench.decode_harness import admit_computed
+from kvpilot.bench.shapes import SHAPES, write_shape
+from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.config.arguments import add_config_arguments, config_kwargs
+from kvpilot.engine.llm_engine import LLMEngine
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="llama-3-8b")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--top", type=int, default=18)
+    add_config_arguments(parser.add_argument_group("engine"))
+    args = parser.parse_args()
+    knobs = config_kwargs(args)
+    knobs["load_format"] = "dummy"
+    with tempfile.TemporaryDirectory() as tmp:
+        engine = LLMEngine(EngineConfig(model=str(write_shape(args.shape, tmp)), show_progress=False, **knobs))
+    admit_computed(engine, args.batch, args.context, max_tokens=2 * args.steps + 10)
+    for _ in range(5):
+        engine.step()
+    times = []
+    for _ in range(args.steps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        engine.step()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    step_ms = statistics.median(times)
+    print(f"{args.shape} batch {args.batch} context {args.context} graphs {engine.runner.decode_graphs is not None}: "
+          f"step {step_ms:.2f} ms median, {args.batch / step_ms * 1e3:.0f} tok/s", flush=True)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.steps):
+            engine.step()
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            kernels.setdefault(event.name, []).append(event.device_time)
+    total = sum(sum(v) for v in kernels.values()) / args.steps / 1e3
+    print(f"GPU kernel time {total:.2f} ms/step; top kernels (ms/step, calls/step):")
+    rows = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[: args.top]
+    for name, us in rows:
+        print(f"  {sum(us) / args.steps / 1e3:7.3f}  {len(us) / args.steps:6.1f}  {name[:110]}")
+    print(json.dumps({"bench": "decode_profile", "shape": args.shape, "batch": args.batch, "context": args.context,
+                      "step_ms": round(step_ms, 3), "gpu_kernel_ms": round(total, 3),
+                      "graphs": engine.runner.decode_graphs is not None}))
+
+
+if __name__ == "__main__":
+    main()

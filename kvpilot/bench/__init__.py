@@ -1,0 +1,1 @@
+"""`kvpilot bench`: the offline throughput workload and an OpenAI-compatible serving load generator."""

@@ -1,0 +1,57 @@
+"""Named model shapes for benchmarks with random weights: a config.json and a tokenizer, no weights.
+
+The engine loads them with `load_format="dummy"` (random weights drawn on the device), so an 8B
+model's throughput can be measured without a 16 GB checkpoint. Shapes are the published configs'
+dimensions; the tokenizer is a small one (prompts are random token ids; only detokenised text is
+affected).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+_COMMON = {"hidden_act": "silu", "rms_norm_eps": 1e-5, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+           "torch_dtype": "bfloat16", "tie_word_embeddings": False, "initializer_range": 0.02}
+SHAPES: dict[str, dict[str, Any]] = {
+    "llama-3-8b": {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "head_dim": 128, "vocab_size": 128256, "max_position_embeddings": 8192, "rope_theta": 500000.0,
+        "attention_bias": False, "mlp_bias": False,
+    },
+    "qwen2-7b": {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
+        "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+        "head_dim": 128, "vocab_size": 152064, "max_position_embeddings": 32768, "rope_theta": 1000000.0,
+        "use_sliding_window": False, "sliding_window": None, "max_window_layers": 28, "rms_norm_eps": 1e-6,
+    },
+    "deepseek-v2-lite": {
+        "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_size": 2048,
+        "intermediate_size": 10944, "moe_intermediate_size": 1408, "num_hidden_layers": 27,
+        "num_attention_heads": 16, "num_key_value_heads": 16, "n_routed_experts": 64, "n_shared_experts": 2,
+        "num_experts_per_tok": 6, "first_k_dense_replace": 1, "moe_layer_freq": 1, "n_group": 1, "topk_group": 1,
+        "topk_method": "greedy", "norm_topk_prob": False, "routed_scaling_factor": 1.0, "scoring_func": "softmax",
+        "kv_lora_rank": 512, "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+        "v_head_dim": 128, "head_dim": 64, "vocab_size": 102400, "max_position_embeddings": 163840,
+        "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
+        "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                         "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
+    },
+}  # fmt: skip
+TOKENIZER_VOCAB = 512
+
+
+def write_shape(name: str, out_dir: str | Path) -> Path:
+    """Write `name`'s config.json, a tokenizer and generation_config.json into out_dir; return it."""
+    from kvpilot.engine.make_model import write_generation_config, write_tokenizer
+
+    if name not in SHAPES:
+        raise ValueError(f"unknown model shape {name!r}; choose one of {', '.join(SHAPES)}")
+    root = Path(out_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps({**_COMMON, **SHAPES[name]}, indent=2))
+    write_tokenizer(root, TOKENIZER_VOCAB)
+    write_generation_config(root)
+    return root

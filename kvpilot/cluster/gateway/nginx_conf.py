@@ -1,0 +1,158 @@
+"""Pure: listeners and upstreams -> one nginx configuration file (Debian's nginx-light suffices).
+
+Per listener, a chain of `map`s on the matched headers picks the entry, and per entry a
+`split_clients` on `$request_id` picks a backend by weight; the winner names an `upstream` of the
+Service's ready endpoints. Entries with nothing to serve answer 404 (no route), 500 (invalid
+backendRef, as the Gateway API asks) or 503 (no ready endpoint).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from kvpilot.cluster.gateway import UPSTREAM_HEADER
+from kvpilot.cluster.gateway.model import Backend, Listener, MatchEntry, Upstream
+
+ERRORS = {404: "no HTTPRoute rule matches this request",
+          500: "the chosen backendRef is invalid (see the HTTPRoute's status)",
+          503: "the chosen backend has no ready endpoint"}
+
+
+def _ident(*parts: object) -> str:
+    return "_".join(re.sub(r"[^a-z0-9]+", "_", str(p).lower()).strip("_") for p in parts)
+
+
+def upstream_name(namespace: str, service: str, port: int) -> str:
+    return "kvp_u_" + _ident(namespace, service, port)
+
+
+def percentages(weights: Sequence[int]) -> list[float]:
+    """Weights -> percentages with two decimals (nginx's split_clients precision) summing to 100."""
+    total = sum(weights)
+    cumulative, out, acc = 0, [], 0.0
+    for w in weights:
+        cumulative += w
+        edge = round(cumulative * 10000 / total)
+        out.append((edge - acc) / 100)
+        acc = edge
+    return out
+
+
+def _target(backend: Backend, upstreams: Mapping[tuple[str, str, int], Upstream]) -> str:
+    if backend.error is not None:
+        return f"kvp_error_{backend.error}"
+    up = upstreams.get((backend.namespace, backend.name, backend.port))
+    if up is None or not up.servers:
+        return "kvp_error_503"
+    return upstream_name(backend.namespace, backend.name, backend.port)
+
+
+def _literal(value: str) -> str:
+    """A header value (letters, digits, ._:/+=@,- only: route_check) as a PCRE literal."""
+    return "".join(f"[{ch}]" if ch in ".+" else ch for ch in value)
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _entry_value(entry: MatchEntry, var: str, upstreams: Mapping[tuple[str, str, int], Upstream],
+                 out: list[str]) -> str:
+    """The map value for one entry: an upstream name, an error marker or a split_clients variable."""
+    backends = [b for b in entry.backends if b.weight > 0]
+    if not backends:
+        return "kvp_error_500"  # no backendRef, or all weights 0: the Gateway API asks for a 500
+    targets = [_target(b, upstreams) for b in backends]
+    if len(set(targets)) == 1:
+        return targets[0]
+    out.append(f'split_clients "${{request_id}}" ${var} {{  # {entry.route}')
+    shares = percentages([b.weight for b in backends])
+    for i, (target, share) in enumerate(zip(targets, shares, strict=True)):
+        if i == len(targets) - 1:
+            out.append(f"    * {target};")
+        elif share > 0:
+            out.append(f"    {share:.2f}% {target};")
+    out.append("}")
+    return f"${var}"
+
+
+def _listener(lst: Listener, index: int, upstreams: Mapping[tuple[str, str, int], Upstream],
+              out: list[str]) -> None:
+    base = f"kvp_l{index}"
+    catch_all = next((e for e in lst.entries if e.header is None), None)
+    default = _entry_value(catch_all, f"{base}_all", upstreams, out) if catch_all else "kvp_error_404"
+    by_header: dict[str, list[MatchEntry]] = {}
+    for e in lst.entries:
+        if e.header is not None:
+            by_header.setdefault(e.header[0].lower(), []).append(e)
+    names = list(by_header)
+    for h, name in enumerate(names):
+        var = f"{base}_h{h}"
+        fallback = f"${base}_h{h + 1}" if h + 1 < len(names) else default
+        lines = []
+        for j, e in enumerate(by_header[name]):
+            value = _entry_value(e, f"{var}_e{j}", upstreams, out)
+            assert e.header is not None
+            lines.append(f"    {_quote('~^' + _literal(e.header[1]) + '$')} {value};")
+        out.append(f"map $http_{name.replace('-', '_')} ${var} {{  # {lst.gateway} {lst.name}")
+        out += lines
+        out.append(f"    default {fallback};")
+        out.append("}")
+    target = f"${base}_h0" if names else default
+    out += [
+        f"server {{  # Gateway {lst.gateway}, listener {lst.name}",
+        f"    listen {lst.address}:{lst.port};",
+        f"    set $kvp_target {target};",
+        *[f'    if ($kvp_target = kvp_error_{code}) {{ return {code} "{text}\\n"; }}'
+          for code, text in ERRORS.items()],
+        "    location / {",
+        "        proxy_pass http://$kvp_target;",
+        "    }",
+        "}",
+    ]
+
+
+def render(listeners: Sequence[Listener], upstreams: Mapping[tuple[str, str, int], Upstream],
+           prefix: Path, run_as_root: bool) -> str:
+    """The whole nginx.conf; `prefix` holds the pid file, logs and temp dirs."""
+    out = [
+        "# generated by kvpilot's local gateway (kvpilot/cluster/gateway); do not edit",
+        "user root;" if run_as_root else "",
+        "worker_processes 1;",
+        f"pid {prefix / 'nginx.pid'};",
+        f"error_log {prefix / 'error.log'} warn;",
+        "events { worker_connections 1024; }",
+        "http {",
+        f"    access_log {prefix / 'access.log'};",
+        f"    client_body_temp_path {prefix / 'tmp' / 'body'};",
+        f"    proxy_temp_path {prefix / 'tmp' / 'proxy'};",
+        "    client_body_buffer_size 1m;",
+        "    client_max_body_size 16m;",
+        # A new client connection per request: a reload never races a reused idle connection.
+        "    keepalive_timeout 0;",
+        "    proxy_http_version 1.1;",
+        '    proxy_set_header Connection "";',
+        "    proxy_set_header Host $host;",
+        "    proxy_buffering off;",
+        "    proxy_request_buffering off;",
+        "    proxy_read_timeout 300s;",
+        "    proxy_next_upstream error timeout;",
+        f"    add_header {UPSTREAM_HEADER} $upstream_addr always;",
+    ]
+    body: list[str] = []
+    used: set[tuple[str, str, int]] = set()
+    for i, lst in enumerate(listeners):
+        _listener(lst, i, upstreams, body)
+        used |= {(b.namespace, b.name, b.port) for e in lst.entries for b in e.backends}
+    for ukey in sorted(used):
+        up = upstreams.get(ukey)
+        if up is None or not up.servers:
+            continue
+        body.append(f"upstream {upstream_name(*ukey)} {{")
+        body += [f"    server {s} max_fails=1 fail_timeout=2s;" for s in up.servers]
+        body += ["    keepalive 16;", "}"]
+    out += ["    " + line if line else "" for line in body]
+    out.append("}")
+    return "\n".join(line for line in out if line != "") + "\n"
