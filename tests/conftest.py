@@ -13,7 +13,7 @@ if not HAS_NVIDIA:
 
 import pytest  # noqa: E402
 
-pytest_plugins = ["tests.harness.cluster", "tests.harness.local_fleet"]
+pytest_plugins = ["tests.harness.cluster", "tests.harness.gateway", "tests.harness.local_fleet"]
 
 _SKIPPED_GPU: list[str] = []
 

@@ -20,6 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--gpu-product", default="NVIDIA-H200")
     up.add_argument("--gpu-memory-mib", type=int, default=143771)
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
+    up.add_argument("--gateway-api", action=argparse.BooleanOptionalAction, default=True,
+                    help="install the Gateway API standard-channel CRDs pinned in tools/gateway-api/go.mod "
+                         "(default on)")
     up.add_argument("--gateway", action=argparse.BooleanOptionalAction, default=True,
                     help="start the local gateway stand-in (nginx serving HTTPRoutes; docs/dev/local-fleet.md)")
     up.add_argument("--pod-runner", action=argparse.BooleanOptionalAction, default=True,
@@ -37,6 +40,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help=f"where certificates, data, logs and PIDs live (default {DEFAULT_STATE_DIR})")
 
 
+def _fetch_gateway_api() -> int:
+    from kvpilot.cluster import gateway_api
+
+    try:
+        files = gateway_api.fetch()
+    except RuntimeError as exc:
+        print(f"Gateway API CRDs: {exc}", file=sys.stderr)
+        return 1
+    print(f"Gateway API {gateway_api.version()} standard channel: {len(files)} files in {gateway_api.crd_dir()}",
+          flush=True)
+    return 0
+
+
 def _start_fleet(cluster, gateway: bool, pod_runner: bool) -> None:  # type: ignore[no-untyped-def]
     from kvpilot.cluster.gateway.nginx_process import nginx_missing
     from kvpilot.cluster.podrunner.netns import unavailable
@@ -50,7 +66,10 @@ def _start_fleet(cluster, gateway: bool, pod_runner: bool) -> None:  # type: ign
 
 def run(args: argparse.Namespace) -> int:
     if args.action == "build":
-        return build.build_all(args.components or None, force=args.force)
+        rc = build.build_all(args.components or None, force=args.force)
+        if rc == 0 and not args.components:
+            rc = _fetch_gateway_api()
+        return rc
     from kvpilot.cluster.local import LocalCluster
     from kvpilot.cluster.nodes import GpuNodeSpec
 
@@ -63,8 +82,15 @@ def run(args: argparse.Namespace) -> int:
         cluster = LocalCluster(args.state_dir, nodes=args.nodes, node_spec=spec, start_timeout_s=args.timeout)
         try:
             cluster.start()  # stops what it started if it fails
+            if args.gateway_api:
+                from kvpilot.cluster import gateway_api
+
+                crds = gateway_api.install(cluster.api())
+                print(f"Gateway API {gateway_api.version()} standard channel: {len(crds)} CRDs installed",
+                      file=sys.stderr)
         except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
             print(f"kvpilot cluster up: {exc}", file=sys.stderr)
+            cluster.stop()
             return 1
         try:
             _start_fleet(cluster, args.gateway, args.pod_runner)

@@ -22,16 +22,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     peering.add_argument("--standalone", action="store_true", help="no peering: the only operator")
     parser.add_argument("--priority", type=int, default=0, help="peering priority; the highest live one works")
     parser.add_argument("--liveness", metavar="URL", help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
+    rollout = parser.add_argument_group("rollout (spec.canary)")
+    rollout.add_argument("--prometheus-url", default="", metavar="URL",
+                         help="Prometheus HTTP API for the canary analysis, e.g. http://prometheus:9090; "
+                              "without it every analysis is inconclusive (no promotion)")
+    rollout.add_argument("--gateway", default="", metavar="NAME[/NS]",
+                         help="Gateway the HTTPRoutes attach to when spec.canary.gateway is not set")
+    rollout.add_argument("--gateway-url", default="", metavar="URL",
+                         help="score the probe set through this Gateway address with header pins")
+    rollout.add_argument("--track-url", action="append", default=[], metavar="NS/NAME/TRACK=URL",
+                         help="static engine address of one track for the probe set (local runs, tests)")
+    rollout.add_argument("--rollout-tick", type=float, default=10.0, metavar="SECONDS",
+                         help="how often each rollout is looked at (default 10; steps last spec.canary.interval)")
+    parser.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
+                        help="serve the operator's Prometheus metrics on this port (e.g. 9402; 0: off)")
     parser.add_argument("--verbose", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:
     import kopf
 
-    import kvpilot.operator.handlers  # noqa: F401  (registers the handlers)
+    from kvpilot.operator import options
 
     if not args.namespace and not args.all_namespaces:
         raise SystemExit("kvpilot operator: pass --namespace NS (repeatable) or --all-namespaces")
+    try:
+        configured = options.Options(
+            prometheus_url=args.prometheus_url.rstrip("/"),
+            gateway=options.parse_gateway(args.gateway) if args.gateway else None,
+            gateway_url=args.gateway_url.rstrip("/"),
+            track_urls=dict(options.parse_track_url(t) for t in args.track_url),
+            tick_s=args.rollout_tick,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"kvpilot operator: {exc}") from None
+    if args.rollout_tick <= 0:
+        raise SystemExit(f"kvpilot operator: --rollout-tick must be > 0 seconds, got {args.rollout_tick}")
+    options.configure(configured)  # before the handlers are registered: the timer reads tick_s
+    import kvpilot.operator.handlers  # noqa: F401  (registers the handlers)
+
+    if args.metrics_port:
+        from kvpilot.operator.rollout_metrics import serve
+
+        serve(args.metrics_port)
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN, log_prefix=True)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     kopf.run(

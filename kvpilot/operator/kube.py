@@ -16,7 +16,7 @@ from kvpilot.operator import constants as c
 
 # Kinds this operator writes, and their plural resource names.
 PLURALS = {"ConfigMap": "configmaps", "Deployment": "deployments", "Service": "services",
-           "PodMonitor": "podmonitors", c.KIND: c.PLURAL}
+           "PodMonitor": "podmonitors", "HTTPRoute": "httproutes", "Gateway": "gateways", c.KIND: c.PLURAL}
 
 
 class KubeError(RuntimeError):
@@ -96,6 +96,21 @@ class Kube:
         path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
         return self.request("PATCH", path, body=obj, params={"fieldManager": c.FIELD_MANAGER, "force": "true"},
                             content_type="application/apply-patch+yaml")
+
+    def delete(self, path: str) -> bool:
+        """Delete one object (children go with it, in the background); False when it was not there."""
+        try:
+            self.request("DELETE", path, body={"propagationPolicy": "Background"})
+        except KubeError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch (annotations, spec fields) as field manager `kvpilot`."""
+        return self.request("PATCH", path, body=patch, params={"fieldManager": c.FIELD_MANAGER},
+                            content_type="application/merge-patch+json")
 
     def merge_patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         path = object_path(c.API_VERSION, c.KIND, namespace, name) + "/status"

@@ -13,20 +13,20 @@ from kvpilot.operator import constants as c
 from kvpilot.operator.builders import (
     build_api_service,
     build_deployment,
-    build_lineage_configmap,
     build_metrics_service,
     build_podmonitor,
 )
-from kvpilot.operator.builders.common import lineage_name
 from kvpilot.operator.builders.engine_args import UnsupportedModelUri, model_path
 from kvpilot.operator.conditions import CAPACITY_PLANNED, DEGRADED, MONITORING, Condition, get_condition
 from kvpilot.operator.kube import Kube, KubeError, object_path
+from kvpilot.operator.lineage_writer import apply_lineage
 from kvpilot.operator.model_config import ModelConfigUnavailable, load_model_config
 from kvpilot.operator.preflight import preflight
 from kvpilot.operator.rollout_state import rollout_state
 from kvpilot.operator.spec import ServiceSpec
 from kvpilot.operator.status import with_conditions, with_failure, with_plan, with_rollout
 from kvpilot.operator.status_writer import write_status
+from kvpilot.operator.tracks import stable_spec, valid_override
 from kvpilot.planner import CapacityPlan, PlannerError, human_bytes
 
 Emit = Callable[[str, str, str], None]  # (Normal|Warning, reason, message)
@@ -56,7 +56,9 @@ class Context:
 def reconcile(ctx: Context, body: Mapping[str, Any]) -> CapacityPlan:
     meta = body["metadata"]
     namespace = meta["namespace"]
-    spec = ServiceSpec.from_dict(body.get("spec") or {})
+    # The stable track's effective configuration: spec.model/spec.strategy, or what a promotion
+    # (or a rollback after one) put there (kvpilot.operator.tracks).
+    spec = stable_spec(body.get("spec") or {}, body.get("status"), namespace)
     try:
         plan = _plan(ctx, namespace, spec)
     except ModelConfigUnavailable as exc:
@@ -82,9 +84,7 @@ def reconcile(ctx: Context, body: Mapping[str, Any]) -> CapacityPlan:
 
 def _apply_children(ctx: Context, body: Mapping[str, Any], spec: ServiceSpec,
                     plan: CapacityPlan) -> tuple[dict[str, Any], Condition]:
-    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-    live_lineage = ctx.kube.get(object_path("v1", "ConfigMap", namespace, lineage_name(name)))
-    ctx.kube.apply(build_lineage_configmap(body, spec, plan, live_lineage))
+    apply_lineage(ctx.kube, body, spec, plan)
     deployment = ctx.kube.apply(build_deployment(body, spec, plan))
     ctx.kube.apply(build_api_service(body))
     ctx.kube.apply(build_metrics_service(body))
@@ -111,8 +111,11 @@ def _record_plan(ctx: Context, body: Mapping[str, Any], spec: ServiceSpec, plan:
     meta = body["metadata"]
     generation, now = meta.get("generation"), ctx.now()
 
-    def update(_live: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
+    def update(live: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
         new = with_plan(old, spec, plan, now=now, generation=generation)
+        override = valid_override(live.get("spec") or {}, old)
+        if override is not None:  # the stable track runs a promoted (or restored) configuration
+            new["stable"] = {**new["stable"], "override": override}
         if monitoring is not None:
             new = with_conditions(new, [monitoring], now=now, generation=generation)
         if deployment is not None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +55,100 @@ class EngineSpec:
 
 
 @dataclass(frozen=True)
+class GatewayRef:
+    """The Gateway an InferenceService's HTTPRoute attaches to."""
+
+    name: str
+    namespace: str
+
+
+DEFAULT_STEPS = (1, 5, 100)
+DEFAULT_INTERVAL_S = 300.0
+DEFAULT_HEADER = "X-Model-Strategy"
+DEFAULT_FAILURE_LIMIT = 2
+_DURATION = re.compile(r"([0-9]+)(ms|s|m|h)")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+@dataclass(frozen=True)
+class CanarySpec:
+    """spec.canary: what the canary track changes, and how the rollout proceeds and is judged."""
+
+    strategy: Mapping[str, Any] = field(default_factory=dict)  # overrides of the stable strategy (camelCase)
+    model: Mapping[str, Any] = field(default_factory=dict)  # a new checkpoint (uri, sha256, config)
+    steps: tuple[int, ...] = DEFAULT_STEPS
+    interval_s: float = DEFAULT_INTERVAL_S
+    header: str = DEFAULT_HEADER
+    gateway: GatewayRef | None = None
+    paused: bool = False
+    analysis: Mapping[str, Any] = field(default_factory=dict)  # thresholds, read by the analysis package
+    failure_limit: int = DEFAULT_FAILURE_LIMIT
+    spec_hash: str = ""
+    error: str = ""  # what is wrong with spec.canary (the rollout fails with it; stable is unaffected)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any], namespace: str = "") -> CanarySpec:
+        gateway = raw.get("gateway") or None
+        analysis = dict(raw.get("analysis") or {})
+        steps = tuple(int(w) for w in raw.get("steps") or DEFAULT_STEPS)
+        error = ""
+        if any(not 1 <= w <= 100 for w in steps) or list(steps) != sorted(set(steps)):
+            error = f"spec.canary.steps {list(steps)}: weights must rise strictly, each 1-100, e.g. [1, 5, 100]"
+        try:
+            interval_s = parse_duration(str(raw.get("interval", "5m")))
+        except ValueError as exc:
+            error, interval_s = f"spec.canary.interval: {exc}", DEFAULT_INTERVAL_S
+        return cls(
+            strategy=dict(raw.get("strategy") or {}),
+            model=dict(raw.get("model") or {}),
+            steps=steps,
+            interval_s=interval_s,
+            header=str(raw.get("header", DEFAULT_HEADER)),
+            gateway=GatewayRef(str(gateway["name"]), str(gateway.get("namespace") or namespace)) if gateway else None,
+            paused=bool(raw.get("paused", False)),
+            analysis=analysis,
+            failure_limit=int(analysis.get("failureLimit", DEFAULT_FAILURE_LIMIT)),
+            spec_hash=canary_hash(raw),
+            error=error,
+        )
+
+    def track_dicts(self, model: Mapping[str, Any], strategy: Mapping[str, Any]) -> tuple[dict, dict]:
+        """The canary's (model, strategy) dicts given the stable track's: overrides on top.
+
+        A new checkpoint (a different uri) never inherits the stable digest; it keeps the stable
+        config.json only when it brings none (same architecture, new weights).
+        """
+        new_model = dict(model)
+        if self.model:
+            if self.model.get("uri") and self.model.get("uri") != model.get("uri"):
+                new_model.pop("sha256", None)
+            if self.model.get("config") is not None:
+                new_model.pop("configMapRef", None)
+            new_model.update(self.model)
+        return new_model, {**strategy, **self.strategy}
+
+
+def parse_duration(text: str) -> float:
+    """'90s', '5m', '1h30m', '500ms' -> seconds."""
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"duration {text!r}: use digits with ms, s, m or h, e.g. 30s, 5m, 1h30m")
+    return sum(int(n) * _UNIT_S[u] for n, u in parts)
+
+
+def canary_hash(raw: Mapping[str, Any]) -> str:
+    """What identifies a rollout: spec.canary without `paused` (pausing is not a new canary)."""
+    ident = {k: v for k, v in raw.items() if k != "paused"}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def track_digest(model: Mapping[str, Any], strategy: Mapping[str, Any]) -> str:
+    """Identifies spec.model + spec.strategy, so a promotion knows when the user edited them since."""
+    doc = {"model": model, "strategy": strategy}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
 class ServiceSpec:
     """The whole spec of one InferenceService."""
 
@@ -62,9 +159,12 @@ class ServiceSpec:
     replicas: int = 1
     engine: EngineSpec = field(default_factory=EngineSpec)
     rollback: bool = False
+    canary: CanarySpec | None = None
+    model_dict: Mapping[str, Any] = field(default_factory=dict, compare=False)  # spec.model as written
+    strategy_dict: Mapping[str, Any] = field(default_factory=dict, compare=False)  # spec.strategy as written
 
     @classmethod
-    def from_dict(cls, spec: Mapping[str, Any]) -> ServiceSpec:
+    def from_dict(cls, spec: Mapping[str, Any], namespace: str = "") -> ServiceSpec:
         model = spec.get("model") or {}
         ref = model.get("configMapRef") or {}
         strategy = {_snake(k): v for k, v in (spec.get("strategy") or {}).items()}
@@ -89,6 +189,9 @@ class ServiceSpec:
                 ),
             ),
             rollback=bool(spec.get("rollback", False)),
+            canary=CanarySpec.from_dict(spec["canary"], namespace) if spec.get("canary") else None,
+            model_dict=dict(model),
+            strategy_dict=dict(spec.get("strategy") or {}),
         )
 
 

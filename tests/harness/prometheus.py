@@ -56,7 +56,30 @@ class Series:
     value: float
 
 
-def scrape_config(jobs: Mapping[str, Sequence[str]], scrape_interval: str, metrics_path: str) -> str:
+@dataclass(frozen=True)
+class LabelledTarget:
+    """A scrape target with target labels (as a PodMonitor's relabelling would attach them)."""
+
+    address: str
+    labels: Mapping[str, str]
+
+
+Targets = Sequence[str | LabelledTarget]
+
+
+def static_configs(targets: Targets) -> list[dict[str, Any]]:
+    """One static_config per distinct label set, in first-seen order; plain strings carry no labels."""
+    groups: dict[tuple[tuple[str, str], ...], list[str]] = {}
+    for target in targets:
+        if isinstance(target, LabelledTarget):
+            groups.setdefault(tuple(sorted(target.labels.items())), []).append(target.address)
+        else:
+            groups.setdefault((), []).append(target)
+    return [{"targets": addresses, **({"labels": dict(labels)} if labels else {})}
+            for labels, addresses in groups.items()]
+
+
+def scrape_config(jobs: Mapping[str, Targets], scrape_interval: str, metrics_path: str) -> str:
     """prometheus.yml for these jobs (YAML written by hand: it is flat and JSON is valid YAML)."""
     import json
 
@@ -64,7 +87,7 @@ def scrape_config(jobs: Mapping[str, Sequence[str]], scrape_interval: str, metri
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval,
                    "scrape_timeout": scrape_interval},
         "scrape_configs": [
-            {"job_name": job, "metrics_path": metrics_path, "static_configs": [{"targets": list(targets)}]}
+            {"job_name": job, "metrics_path": metrics_path, "static_configs": static_configs(targets)}
             for job, targets in jobs.items()
         ],
     }
@@ -74,7 +97,7 @@ def scrape_config(jobs: Mapping[str, Sequence[str]], scrape_interval: str, metri
 class PrometheusServer:
     """One Prometheus process: start(), query(), wait_for(), stop(); also a context manager."""
 
-    def __init__(self, jobs: Mapping[str, Sequence[str]], workdir: Path | None = None,
+    def __init__(self, jobs: Mapping[str, Targets], workdir: Path | None = None,
                  scrape_interval: str = "1s", metrics_path: str = "/metrics") -> None:
         self.jobs = dict(jobs)
         self.scrape_interval = scrape_interval
@@ -217,7 +240,7 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[..., PrometheusServer]]:
         pytest.skip(missing)
     started: list[PrometheusServer] = []
 
-    def start(jobs: Mapping[str, Sequence[str]], **kwargs: Any) -> PrometheusServer:
+    def start(jobs: Mapping[str, Targets], **kwargs: Any) -> PrometheusServer:
         server = PrometheusServer(jobs, tmp_path / f"prometheus-{len(started)}", **kwargs)
         started.append(server)
         return server.start()

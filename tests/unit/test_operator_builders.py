@@ -123,7 +123,16 @@ def test_services_select_stable_api_and_every_tracks_metrics() -> None:
 def test_podmonitor_scrapes_the_sidecar_port() -> None:
     pm = build_podmonitor(service())
     assert pm["apiVersion"] == "monitoring.coreos.com/v1" and pm["kind"] == "PodMonitor"
-    assert pm["spec"]["podMetricsEndpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s"}]
+    [endpoint] = pm["spec"]["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"], endpoint["interval"]) == ("metrics", "/metrics", "15s")
+
+
+def test_podmonitor_relabels_namespace_service_and_track_for_the_rollout_queries() -> None:
+    [endpoint] = build_podmonitor(service())["spec"]["podMetricsEndpoints"]
+    targets = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
+    assert targets["namespace"] == ["__meta_kubernetes_namespace"]
+    assert targets["service"] == ["__meta_kubernetes_pod_label_kvpilot_io_service"]
+    assert targets["track"] == ["__meta_kubernetes_pod_label_kvpilot_io_track"]
 
 
 def test_lineage_keeps_previous_only_when_the_track_changed() -> None:

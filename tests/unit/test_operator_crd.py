@@ -31,8 +31,8 @@ def test_names_and_version(crd: dict) -> None:
     assert "isvc" not in crd["spec"]["names"]["shortNames"]
     (version,) = crd["spec"]["versions"]
     assert version["name"] == c.VERSION and version["subresources"] == {"status": {}}
-    assert [col["name"] for col in version["additionalPrinterColumns"]] == ["Phase", "Strategy", "Canary %",
-                                                                             "Ready", "Age"]
+    assert [col["name"] for col in version["additionalPrinterColumns"]] == [
+        "Phase", "Strategy", "Rollout", "Step", "Canary %", "Canary", "Ready", "Age"]
 
 
 def test_enums_match_the_planner(crd: dict) -> None:

@@ -3,7 +3,7 @@
 from kvpilot.operator.builders.deployment import build_deployment
 from kvpilot.operator.builders.lineage import build_lineage_configmap, read_lineage
 from kvpilot.operator.builders.podmonitor import build_podmonitor
-from kvpilot.operator.builders.services import build_api_service, build_metrics_service
+from kvpilot.operator.builders.services import build_api_service, build_metrics_service, build_track_service
 
 __all__ = [
     "build_api_service",
@@ -11,5 +11,6 @@ __all__ = [
     "build_lineage_configmap",
     "build_metrics_service",
     "build_podmonitor",
+    "build_track_service",
     "read_lineage",
 ]

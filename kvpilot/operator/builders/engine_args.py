@@ -55,6 +55,8 @@ def strategy_flags(strategy: StrategySpec) -> list[str]:
 def engine_args(spec: ServiceSpec, plan: CapacityPlan) -> list[str]:
     """Arguments after `kvpilot serve`; the concurrency limit comes from the capacity plan."""
     args = ["--model", model_path(spec.model.uri), "--host", "0.0.0.0", "--port", str(c.ENGINE_PORT)]
+    if spec.model.sha256:  # the engine refuses weights whose manifest digest differs
+        args += ["--model-sha256", spec.model.sha256]
     args += strategy_flags(spec.strategy)
     grace = max(1, spec.engine.termination_grace_period_seconds - DRAIN_MARGIN_SECONDS)
     args += ["--max-num-seqs", str(plan.max_concurrency), "--strategy-name", plan.strategy,

@@ -24,6 +24,8 @@ def track_entry(spec: ServiceSpec, plan: CapacityPlan) -> dict[str, Any]:
         "sha256": spec.model.sha256,
         "strategy": plan.strategy,
         "engineArgs": engine_args(spec, plan),
+        # what a rollback restores: spec.model and spec.strategy as they were
+        "spec": {"model": dict(spec.model_dict), "strategy": dict(spec.strategy_dict)},
     }
 
 
@@ -47,13 +49,15 @@ def next_track_lineage(current: dict[str, Any], live: dict[str, Any] | None) -> 
 
 
 def build_lineage_configmap(owner: Mapping[str, Any], spec: ServiceSpec, plan: CapacityPlan,
-                            live: Mapping[str, Any] | None) -> dict[str, Any]:
-    """`<name>-lineage`, given the live ConfigMap (None on first reconcile)."""
+                            live: Mapping[str, Any] | None, track: str = "stable") -> dict[str, Any]:
+    """`<name>-lineage`, given the live ConfigMap (None on first reconcile): `track` gets `spec`.
+
+    The other track's entry is kept as it is (one server-side apply owns both keys, and an apply
+    that left one out would delete it).
+    """
     lineage = read_lineage(live)
-    stable = next_track_lineage(track_entry(spec, plan), lineage["stable"])
-    data = {"stable": json.dumps(stable, sort_keys=True, indent=1)}
-    if lineage["canary"] is not None:  # owned by the rollout; kept as it is
-        data["canary"] = json.dumps(lineage["canary"], sort_keys=True, indent=1)
+    lineage[track] = next_track_lineage(track_entry(spec, plan), lineage[track])
+    data = {t: json.dumps(lineage[t], sort_keys=True, indent=1) for t in TRACKS if lineage[t] is not None}
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",

@@ -16,6 +16,13 @@ def build_api_service(owner: Mapping[str, Any]) -> dict[str, Any]:
                     {"name": "http", "port": c.ENGINE_PORT, "targetPort": "http", "protocol": "TCP"})
 
 
+def build_track_service(owner: Mapping[str, Any], track: str = "canary") -> dict[str, Any]:
+    """`<name>-<track>`: the engine API of one track's pods (the route's canary backend)."""
+    name = owner["metadata"]["name"]
+    return _service(owner, f"{name}-{track}", "api", {c.LABEL_SERVICE: name, c.LABEL_TRACK: track},
+                    {"name": "http", "port": c.ENGINE_PORT, "targetPort": "http", "protocol": "TCP"})
+
+
 def build_metrics_service(owner: Mapping[str, Any]) -> dict[str, Any]:
     """`<name>-metrics`: the sidecars' /metrics on port 9400 of every track's pods.
 

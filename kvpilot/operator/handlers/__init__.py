@@ -1,5 +1,10 @@
-"""Kopf handlers, one cause per module; importing this package registers them all."""
+"""Kopf handlers, one cause per module; importing this package registers them all.
 
+`rollout` comes first: on a spec change its handler runs before the stable reconcile, so a
+rollback flag moves traffic before anything slower happens.
+"""
+
+from kvpilot.operator.handlers import rollout  # noqa: I001  (registration order matters)
 from kvpilot.operator.handlers import deployments, reconcile, startup
 
-__all__ = ["deployments", "reconcile", "startup"]
+__all__ = ["deployments", "reconcile", "rollout", "startup"]

@@ -1,0 +1,210 @@
+"""The accuracy gate: a probe set scored with `POST /v1/score` on both tracks.
+
+Probe-set format (docs/rollout.md): a ConfigMap in the InferenceService's namespace, named by
+`spec.canary.analysis.probeSet`, whose data key `probes.jsonl` holds one JSON object per line,
+`{"prompt": "...", "continuation": "..."}` (blank lines are skipped; at most MAX_PROBES lines).
+Each track's figure is the mean log-likelihood per continuation token over the whole set (the
+sum of every probe's log p over the total number of continuation tokens, in nats); the check
+fails when stable - canary exceeds `maxAccuracyDelta`.
+
+The tracks are reached through a `TrackUrls` resolver: the track Services' cluster DNS by default
+(`<name>` for stable, `<name>-canary` for canary, port 8000), `--gateway-url` with the route's
+header pins, or static `--track-url NS/NAME/TRACK=URL` entries (local runs and tests).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+
+from kvpilot.operator.analysis.result import Check
+
+ACCURACY_CHECK = "accuracyDelta"
+DATA_KEY = "probes.jsonl"
+MAX_PROBES = 500
+ENGINE_PORT = 8000
+SCORE_TIMEOUT_S = 60.0
+FORMAT = 'one JSON object per line: {"prompt": "...", "continuation": "..."}'
+
+
+class ProbeSetError(ValueError):
+    """The probe set is missing or malformed; the message says where and what is expected."""
+
+
+class ScoringError(RuntimeError):
+    """A track could not score the probes (unreachable, or an HTTP error)."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    prompt: str
+    continuation: str
+
+
+def parse_probes(text: str, where: str = DATA_KEY) -> list[Probe]:
+    """Probes from the JSONL text; every error names the line and the expected form."""
+    probes: list[Probe] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ProbeSetError(f"{where} line {number} is not JSON ({exc.msg}); expected {FORMAT}") from None
+        if not isinstance(item, dict):
+            raise ProbeSetError(f"{where} line {number} is a {type(item).__name__}; expected {FORMAT}")
+        for key in ("prompt", "continuation"):
+            if not isinstance(item.get(key), str) or not item[key]:
+                raise ProbeSetError(f"{where} line {number}: {key!r} must be a non-empty string; expected {FORMAT}")
+        probes.append(Probe(item["prompt"], item["continuation"]))
+    if not probes:
+        raise ProbeSetError(f"{where} holds no probes; expected {FORMAT}")
+    if len(probes) > MAX_PROBES:
+        raise ProbeSetError(f"{where} holds {len(probes)} probes; the limit is {MAX_PROBES} (each is scored "
+                            "on both tracks at every analysis)")
+    return probes
+
+
+def probes_from_configmap(configmap: Mapping[str, Any]) -> list[Probe]:
+    meta = configmap.get("metadata", {})
+    where = f"ConfigMap {meta.get('namespace', '?')}/{meta.get('name', '?')}"
+    data = configmap.get("data") or {}
+    if DATA_KEY not in data:
+        keys = ", ".join(sorted(data)) or "none"
+        raise ProbeSetError(f"{where} has no data key {DATA_KEY!r} (keys: {keys}); put the probes there, {FORMAT}")
+    return parse_probes(data[DATA_KEY], f"{where} key {DATA_KEY}")
+
+
+def load_probe_set(kube: Any, namespace: str, name: str) -> list[Probe]:
+    configmap = kube.get(f"/api/v1/namespaces/{namespace}/configmaps/{name}")
+    if configmap is None:
+        raise ProbeSetError(f"probe set ConfigMap {namespace}/{name} (spec.canary.analysis.probeSet) does not "
+                            f"exist; create it with a {DATA_KEY!r} key, {FORMAT}")
+    return probes_from_configmap(configmap)
+
+
+# ---- where each track answers -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A base URL and the headers that reach one track there."""
+
+    url: str
+    headers: Mapping[str, str]
+
+
+class TrackUrls(Protocol):
+    def endpoint(self, kube: Any, namespace: str, service: str, track: str) -> Endpoint: ...
+
+
+@dataclass(frozen=True)
+class ClusterDns:
+    """The track Services inside the cluster: `<name>` (stable) and `<name>-canary`."""
+
+    port: int = ENGINE_PORT
+    domain: str = "svc"
+
+    def endpoint(self, kube: Any, namespace: str, service: str, track: str) -> Endpoint:
+        host = service if track == "stable" else f"{service}-{track}"
+        return Endpoint(f"http://{host}.{namespace}.{self.domain}:{self.port}", {})
+
+
+@dataclass(frozen=True)
+class GatewayPins:
+    """One Gateway address; the track is chosen by the header pin the HTTPRoute holds for it."""
+
+    url: str
+
+    def endpoint(self, kube: Any, namespace: str, service: str, track: str) -> Endpoint:
+        from kvpilot.operator.routing.httproute import route_name, route_path
+
+        route = kube.get(route_path(namespace, route_name(service)))
+        if route is None:
+            raise ScoringError(f"no HTTPRoute {namespace}/{route_name(service)} to read the {track} pin from")
+        backend = service if track == "stable" else f"{service}-{track}"
+        for rule in route.get("spec", {}).get("rules", []):
+            refs = rule.get("backendRefs", [])
+            headers = [h for m in rule.get("matches", []) for h in m.get("headers", [])]
+            if headers and len(refs) == 1 and refs[0].get("name") == backend:
+                return Endpoint(self.url, {headers[0]["name"]: headers[0]["value"]})
+        raise ScoringError(f"HTTPRoute {namespace}/{route_name(service)} has no header pin for the {track} track "
+                           f"(Service {backend}); probes through the Gateway need one")
+
+
+@dataclass(frozen=True)
+class StaticUrls:
+    """Fixed URLs per (namespace, service, track); others fall through to `fallback`."""
+
+    urls: Mapping[tuple[str, str, str], str]
+    fallback: TrackUrls | None = None
+
+    def endpoint(self, kube: Any, namespace: str, service: str, track: str) -> Endpoint:
+        url = self.urls.get((namespace, service, track))
+        if url is not None:
+            return Endpoint(url.rstrip("/"), {})
+        if self.fallback is None:
+            raise ScoringError(f"no --track-url for {namespace}/{service}/{track}")
+        return self.fallback.endpoint(kube, namespace, service, track)
+
+
+def track_urls(options: Any) -> TrackUrls:
+    """From the operator's options: --track-url entries first, then --gateway-url pins, else cluster DNS."""
+    base: TrackUrls = GatewayPins(options.gateway_url) if getattr(options, "gateway_url", "") else ClusterDns()
+    static = getattr(options, "track_urls", None) or {}
+    return StaticUrls(dict(static), base) if static else base
+
+
+# ---- scoring ------------------------------------------------------------------------------
+
+def mean_loglik(scores: Sequence[tuple[float, int]]) -> float:
+    """Token-weighted mean log-likelihood from (sum of log p, tokens) per probe."""
+    tokens = sum(n for _, n in scores)
+    if tokens <= 0:
+        raise ValueError("no continuation tokens were scored")
+    return math.fsum(s for s, _ in scores) / tokens
+
+
+def score_track(endpoint: Endpoint, probes: Sequence[Probe], timeout_s: float = SCORE_TIMEOUT_S) -> float:
+    """Mean log-likelihood per token of the probes on one track (its served model name from /v1/models)."""
+    with httpx.Client(base_url=endpoint.url, headers=dict(endpoint.headers), timeout=timeout_s,
+                      trust_env=False) as client:
+        try:
+            models = client.get("/v1/models")
+            models.raise_for_status()
+            model = models.json()["data"][0]["id"]
+            scores = []
+            for probe in probes:
+                response = client.post("/v1/score", json={"model": model, "prompt": probe.prompt,
+                                                          "continuation": probe.continuation})
+                if response.status_code != 200:
+                    raise ScoringError(f"{endpoint.url}/v1/score answered HTTP {response.status_code}: "
+                                       f"{response.text[:300]}")
+                body = response.json()
+                scores.append((float(body["sum_logprob"]), len(body["token_logprobs"])))
+        except httpx.HTTPError as exc:
+            raise ScoringError(f"{endpoint.url} could not score the probe set: {type(exc).__name__}: {exc}") from exc
+    return mean_loglik(scores)
+
+
+def accuracy_from_scores(canary: float, stable: float, max_delta: float, probes: int) -> Check:
+    """The pure verdict: stable - canary (nats per token) against the limit."""
+    delta = stable - canary
+    ok = delta <= max_delta
+    return Check(ACCURACY_CHECK, canary, stable, max_delta, ok,
+                 f"probe-set log-likelihood per token: stable {stable:.4f}, canary {canary:.4f}, "
+                 f"delta {delta:.4f} {'<=' if ok else '>'} {max_delta:g} over {probes} probes")
+
+
+def accuracy_check(kube: Any, namespace: str, service: str, thresholds: Any, urls: TrackUrls) -> Check:
+    """Load `thresholds.probe_set`, score it on both tracks, judge the delta. Raises on missing data."""
+    if not thresholds.probe_set:
+        raise ProbeSetError("spec.canary.analysis.probeSet is not set: there is no probe set to score")
+    probes = load_probe_set(kube, namespace, thresholds.probe_set)
+    canary = score_track(urls.endpoint(kube, namespace, service, "canary"), probes)
+    stable = score_track(urls.endpoint(kube, namespace, service, "stable"), probes)
+    return accuracy_from_scores(canary, stable, thresholds.max_accuracy_delta, len(probes))
