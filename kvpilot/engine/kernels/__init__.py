@@ -12,9 +12,21 @@ import torch
 from kvpilot.engine.kernels.dispatch import backend_for
 from kvpilot.engine.kernels.paged_decode.reference import paged_attention_decode_reference
 from kvpilot.engine.kernels.paged_prefill.reference import paged_attention_prefill_reference
+from kvpilot.engine.kernels.rmsnorm.reference import rmsnorm_reference
 from kvpilot.engine.kernels.store_kvcache.reference import store_kvcache_reference
 
-__all__ = ["paged_attention_decode", "paged_attention_prefill", "store_kvcache"]
+__all__ = ["paged_attention_decode", "paged_attention_prefill", "rmsnorm", "store_kvcache"]
+
+
+def rmsnorm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight * rmsnorm(x + residual), x + residual) over the last dim of x [T, N]; without a residual, sum is x."""
+    if backend_for(x) == "triton" and x.dim() == 2:
+        from kvpilot.engine.kernels.rmsnorm.launcher import rmsnorm_triton
+
+        return rmsnorm_triton(x, weight, eps, residual)
+    return rmsnorm_reference(x, weight, eps, residual)
 
 
 def store_kvcache(

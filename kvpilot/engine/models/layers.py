@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvpilot.engine.kernels import rmsnorm
+
 
 class RMSNorm(nn.Module):
     """RMS normalisation computed in fp32, as HF does."""
@@ -20,10 +22,16 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:  # packed tokens: the Triton kernel on CUDA (kernels/rmsnorm/)
+            return rmsnorm(x, self.weight, self.eps)[0]
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual) in one pass: the residual add fused into the norm."""
+        return rmsnorm(x, self.weight, self.eps, residual)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:

@@ -46,8 +46,9 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = SiluAndMulMLP(config.hidden_size, config.intermediate_size)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x))
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h = self.self_attn(positions, self.input_layernorm(x))
+        h, x = self.post_attention_layernorm.add_forward(h, x)  # residual add fused into the norm
+        return x + self.mlp(h)
 
 
 class LlamaForCausalLM(CausalLM):
