@@ -161,3 +161,15 @@ def test_without_gateway_api_crds_the_rollout_waits_with_a_condition() -> None:
     assert status["canary"]["weight"] == 0 and status["canary"]["reason"] == "TrafficSplitUnavailable"
     split = next(cond for cond in status["conditions"] if cond["type"] == "TrafficSplit")
     assert split["status"] == "False" and split["reason"] == "GatewayAPIMissing"
+
+
+def test_an_infeasible_canary_is_refused_before_any_pod() -> None:
+    kube, _ctx, _clock, _asked, run = setup([], strategy={"attention": "gqa", "kvHeadGroups": 3})
+    status = run()
+    assert status["canary"]["phase"] == "Failed" and status["canary"]["reason"] == "CanaryInfeasible"
+    assert "kvHeadGroups" in status["canary"]["message"] or "divide" in status["canary"]["message"]
+    assert kube.find("Deployment", "chat-canary", "apps/v1") is None
+    assert kube.find("Service", "chat-canary") is None
+    canary = next(cond for cond in status["conditions"] if cond["type"] == "Canary")
+    assert canary["status"] == "False" and canary["reason"] == "CanaryInfeasible"
+    assert ("Warning", "CanaryInfeasible") in [(e[0], e[1]) for e in run.events]  # type: ignore[attr-defined]
