@@ -7,6 +7,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -41,10 +42,12 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         # encode_batch releases the GIL while it works (encode does not): a long prompt tokenised on
         # the server's CPU pool then cannot stall the event loop.
-        ids = self._tok.encode_batch([text], add_special_tokens=True)[0].ids
+        ids = self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        if not add_special_tokens:
+            return ids
         if self.add_bos_token and self.bos_token_id is not None and (not ids or ids[0] != self.bos_token_id):
             ids = [self.bos_token_id, *ids]
         return ids
@@ -81,6 +84,15 @@ def _token_text(token: Any) -> str | None:
     if isinstance(token, dict):
         return token.get("content")
     return token
+
+
+def check_chat_template(text: str) -> str:
+    """The template text if Jinja can compile it, else a ValueError naming the line."""
+    try:
+        _ENV.from_string(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ValueError(f"the chat template does not compile: line {exc.lineno}: {exc.message}") from exc
+    return text
 
 
 _ENV = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)

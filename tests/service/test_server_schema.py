@@ -44,6 +44,10 @@ OPERATIONS = (
     "GET /v1/models",
     "GET /health",
     "GET /ready",
+    "POST /tokenize",
+    "POST /detokenize",
+    "GET /version",
+    "GET /tokenizer_info",
 )
 
 

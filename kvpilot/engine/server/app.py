@@ -14,6 +14,7 @@ from kvpilot.engine.server.middleware import StrategyHeaderMiddleware
 from kvpilot.engine.server.request_guard import RequestGuardMiddleware
 from kvpilot.engine.server.routes import router
 from kvpilot.engine.server.runtime import ServerRuntime
+from kvpilot.engine.server.utility_routes import utility_router
 
 
 def create_app(runtime: ServerRuntime, *, manage_engine: bool = True) -> FastAPI:
@@ -45,6 +46,7 @@ def create_app(runtime: ServerRuntime, *, manage_engine: bool = True) -> FastAPI
         on_internal=lambda: runtime.record_failure("internal"),
     )
     app.include_router(router)
+    app.include_router(utility_router)
     settings = runtime.settings
     # Added last = outermost: the key is checked first, then the body's type and size.
     app.add_middleware(RequestGuardMiddleware, max_body_bytes=settings.max_body_bytes, strategy=settings.strategy)

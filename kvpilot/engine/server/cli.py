@@ -71,6 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(prefer --api-key-file: a flag shows in the process list)",
     )  # fmt: skip
     key.add_argument("--api-key-file", type=Path, help="read the API key from this file (e.g. a mounted Secret)")
+    api.add_argument(
+        "--chat-template", type=Path,
+        help="a Jinja chat template file for /v1/chat/completions (checkpoints without one, or to replace theirs)",
+    )  # fmt: skip
     api.add_argument("--no-warmup", action="store_true", help="skip the start-up warm-up")
     api.add_argument(
         "--shutdown-grace", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
@@ -127,6 +131,7 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any, str]:
     api_key = read_key_file(args.api_key_file) if args.api_key_file else args.api_key
     if args.max_body_bytes < 1 or args.max_concurrent_scores < 1 or args.idempotency_max_bytes < 1:
         raise ValueError("--max-body-bytes, --max-concurrent-scores and --idempotency-max-bytes must be at least 1")
+    chat_template = read_chat_template(args.chat_template) if args.chat_template else None
     if args.model_sha256:
         verify_checkpoint(args.model, args.model_sha256)
     config = EngineConfig(model=str(args.model), show_progress=False, **config_kwargs(args))
@@ -157,6 +162,7 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any, str]:
         api_key=api_key,
         warmup=not args.no_warmup,
         faults=faults,
+        chat_template=chat_template,
     )
     if faults.active:
         lines.append(
@@ -237,3 +243,15 @@ async def _serve(args: argparse.Namespace, config: Any, settings: Any) -> int:
     if not api.started:
         return 1
     return 0
+
+
+def read_chat_template(path: Path) -> str:
+    """--chat-template FILE's text, checked to compile, or a ValueError saying what is wrong."""
+    from kvpilot.engine.tokenizer import check_chat_template
+
+    if not path.is_file():
+        raise ValueError(f"--chat-template {path}: no such file; give a Jinja template file")
+    try:
+        return check_chat_template(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ValueError(f"--chat-template {path}: {exc}") from exc

@@ -47,6 +47,7 @@ class ServerSettings:
     api_key: str | None = field(default=None, repr=False)
     warmup: bool = True
     faults: FaultSettings = field(default_factory=FaultSettings)  # test only
+    chat_template: str | None = None  # --chat-template: replaces the tokenizer's own
 
 
 class ServerRuntime:
@@ -94,6 +95,8 @@ class ServerRuntime:
         try:
             engine = self._factory()
             self.engine = engine
+            if self.settings.chat_template is not None:
+                engine.tokenizer.chat_template = self.settings.chat_template
             if self.state == "stopping":
                 return
             if self._warm_up is not None and self.settings.warmup:
