@@ -34,6 +34,9 @@ Shape (every key below is always present; values that do not apply yet are null 
                    "oom_events_total": int, "max_concurrency": int,
                    "failed_total": {reason: int}},  # ended in an error after admission; added by
                                                     # the API server (absent from LLMEngine.stats())
+      "detokenizer": {"decoded_tokens_total": int,  # token ids the API server's detokeniser decoded
+                      "output_tokens_total": int},  # token ids it turned into text (added by the
+                                                    # API server; decoded/output stays ~constant)
       "latency": {"ttft_seconds": HIST, "tpot_seconds": HIST, "e2e_seconds": HIST},
       "linear": {"summary_hits_total": int, "summary_misses_total": int},
       "gqa_head_utilization": [{"layer": int, "kv_head": int, "value": float}],

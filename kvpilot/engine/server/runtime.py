@@ -15,6 +15,7 @@ from typing import Any
 
 from kvpilot.engine.metrics.stats_contract import FAILURE_REASONS
 from kvpilot.engine.server.admission import Admission, not_ready_error
+from kvpilot.engine.server.detokenizer import WORK as DETOKENIZER_WORK
 from kvpilot.engine.server.engine_loop import EngineLoop
 from kvpilot.engine.server.errors import APIError
 from kvpilot.engine.server.faults import FaultInjector, FaultSettings
@@ -255,7 +256,10 @@ class ServerRuntime:
         # The served name, never the model's file path (labels must not leak the filesystem).
         engine = {**snapshot.get("engine", {}), "model": self.settings.model_name}
         age = max(0.0, time.time() - taken_at)
-        return {**snapshot, "engine": engine, "requests": requests, "taken_at_seconds": taken_at, "age_seconds": age}
+        return {
+            **snapshot, "engine": engine, "requests": requests, "detokenizer": DETOKENIZER_WORK.snapshot(),
+            "taken_at_seconds": taken_at, "age_seconds": age,
+        }  # fmt: skip
 
 
 def _take_snapshot(engine: Any) -> tuple[float, dict[str, Any]]:
