@@ -13,9 +13,33 @@ from kvpilot.engine.kernels.dispatch import backend_for
 from kvpilot.engine.kernels.paged_decode.reference import paged_attention_decode_reference
 from kvpilot.engine.kernels.paged_prefill.reference import paged_attention_prefill_reference
 from kvpilot.engine.kernels.rmsnorm.reference import rmsnorm_reference
+from kvpilot.engine.kernels.rotary.reference import rotary_reference
+from kvpilot.engine.kernels.silu_mul.reference import silu_mul_reference
 from kvpilot.engine.kernels.store_kvcache.reference import store_kvcache_reference
 
-__all__ = ["paged_attention_decode", "paged_attention_prefill", "rmsnorm", "store_kvcache"]
+__all__ = ["paged_attention_decode", "paged_attention_prefill", "rmsnorm", "rotary", "silu_mul", "store_kvcache"]
+
+
+def rotary(
+    positions: torch.Tensor, inv_freq: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate-half RoPE of q [T, H, D] and k [T, Hkv, D] at positions [T] (new tensors)."""
+    half = inv_freq.numel()
+    fits = q.dim() == 3 and k.dim() == 3 and q.shape[-1] == k.shape[-1] == 2 * half and half & (half - 1) == 0
+    if fits and q.stride(-1) == 1 and k.stride(-1) == 1 and backend_for(q) == "triton":
+        from kvpilot.engine.kernels.rotary.launcher import rotary_triton
+
+        return rotary_triton(positions.contiguous(), inv_freq.contiguous(), q, k)
+    return rotary_reference(positions, inv_freq, q, k)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for [T, N] activations."""
+    if gate.dim() == 2 and gate.stride(1) == 1 and up.stride(1) == 1 and backend_for(gate) == "triton":
+        from kvpilot.engine.kernels.silu_mul.launcher import silu_mul_triton
+
+        return silu_mul_triton(gate, up)
+    return silu_mul_reference(gate, up)
 
 
 def rmsnorm(

@@ -1,0 +1,1 @@
+"""silu(gate) * up, the SwiGLU MLP's elementwise middle, in one pass."""

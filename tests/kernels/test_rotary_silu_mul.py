@@ -1,0 +1,48 @@
+"""RoPE and silu(gate) * up: the Triton kernels against their torch references (packed tokens, odd sizes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvpilot.engine.kernels.rotary.launcher import rotary_triton
+from kvpilot.engine.kernels.rotary.reference import rotary_reference
+from kvpilot.engine.kernels.silu_mul.launcher import silu_mul_triton
+from kvpilot.engine.kernels.silu_mul.reference import silu_mul_reference
+from kvpilot.engine.models.layers import rope_inv_freq
+from tests.kernels.paged_cases import DEVICE
+
+pytestmark = pytest.mark.kernels
+# TRITON_INTERPRET=1 truncates fp32 -> bf16 casts (CUDA rounds): bf16 results agree within a few ulps there
+BF16_TOL = {"rtol": 2**-6, "atol": 2e-2}
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-12)).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("tokens", "heads", "kv_heads", "head_dim"), [(1, 4, 1, 64), (15, 8, 2, 128), (63, 3, 3, 32)])
+def test_rotary_matches_reference(dtype: torch.dtype, tokens: int, heads: int, kv_heads: int, head_dim: int) -> None:
+    gen = torch.Generator().manual_seed(tokens + heads)
+    positions = torch.randint(0, 8192, (tokens,), generator=gen).to(DEVICE)
+    inv_freq = rope_inv_freq(head_dim, 500000.0, None).to(DEVICE)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen).to(dtype).to(DEVICE)
+    q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)  # views of one projection output (strided rows)
+    k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
+    want_q, want_k = rotary_reference(positions, inv_freq, q, k)
+    got_q, got_k = rotary_triton(positions, inv_freq, q, k)
+    for got, want in ((got_q, want_q), (got_k, want_k)):
+        assert rel_err(got, want) < (1e-5 if dtype == torch.float32 else 1.6e-2)
+        torch.testing.assert_close(got, want, **({"rtol": 1e-4, "atol": 1e-4} if dtype == torch.float32 else BF16_TOL))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("tokens", "width"), [(1, 1), (15, 300), (4, 2500)])
+def test_silu_mul_matches_reference(dtype: torch.dtype, tokens: int, width: int) -> None:
+    gen = torch.Generator().manual_seed(width)
+    gate = (4 * torch.randn(tokens, width, generator=gen)).to(dtype).to(DEVICE)
+    up = torch.randn(tokens, width, generator=gen).to(dtype).to(DEVICE)
+    want, got = silu_mul_reference(gate, up), silu_mul_triton(gate, up)
+    assert rel_err(got, want) < (1e-6 if dtype == torch.float32 else 1.6e-2)
+    torch.testing.assert_close(got, want, **({"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else BF16_TOL))
