@@ -45,6 +45,14 @@ class StrategySpec:
 
 
 @dataclass(frozen=True)
+class SecretKeyRef:
+    """A key of a Secret in the service's namespace (its value never enters a spec the operator writes)."""
+
+    name: str
+    key: str = "api-key"
+
+
+@dataclass(frozen=True)
 class EngineSpec:
     """spec.engine: the image and extra flags of `kvpilot serve`."""
 
@@ -52,6 +60,7 @@ class EngineSpec:
     disable: tuple[str, ...] = ()
     args: tuple[str, ...] = ()
     termination_grace_period_seconds: int = 300
+    api_key_secret: SecretKeyRef | None = None  # spec.engine.apiKeySecretRef -> --api-key-file
 
 
 @dataclass(frozen=True)
@@ -187,12 +196,19 @@ class ServiceSpec:
                 termination_grace_period_seconds=int(
                     engine.get("terminationGracePeriodSeconds", EngineSpec.termination_grace_period_seconds)
                 ),
+                api_key_secret=_secret_ref(engine.get("apiKeySecretRef")),
             ),
             rollback=bool(spec.get("rollback", False)),
             canary=CanarySpec.from_dict(spec["canary"], namespace) if spec.get("canary") else None,
             model_dict=dict(model),
             strategy_dict=dict(spec.get("strategy") or {}),
         )
+
+
+def _secret_ref(raw: Mapping[str, Any] | None) -> SecretKeyRef | None:
+    if not raw or not raw.get("name"):
+        return None
+    return SecretKeyRef(name=str(raw["name"]), key=str(raw.get("key") or SecretKeyRef.key))
 
 
 def _snake(name: str) -> str:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvpilot.operator import constants as c
+from kvpilot.operator.builders import security
 from kvpilot.operator.builders.common import deployment_name, labels, metadata
 from kvpilot.operator.builders.engine_args import engine_args, pvc_claim
 from kvpilot.operator.spec import ServiceSpec
@@ -47,7 +48,12 @@ def _pod_spec(spec: ServiceSpec, plan: CapacityPlan) -> dict[str, Any]:
     claim = pvc_claim(spec.model.uri)
     if claim:
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+    volumes += security.writable_volumes("engine") + security.writable_volumes("sidecar")
+    if spec.engine.api_key_secret:
+        volumes.append(security.api_key_volume(spec.engine.api_key_secret))
     return {
+        "securityContext": security.pod_security_context(),
+        "automountServiceAccountToken": False,  # neither container talks to the API server
         "nodeSelector": {c.GPU_PRODUCT_LABEL: spec.gpu_product},
         "tolerations": [{"key": c.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
         # the engine stops admitting on SIGTERM and finishes its streams within this window
@@ -58,21 +64,25 @@ def _pod_spec(spec: ServiceSpec, plan: CapacityPlan) -> dict[str, Any]:
 
 
 def _engine(spec: ServiceSpec, plan: CapacityPlan, with_model_volume: bool) -> dict[str, Any]:
-    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, *security.writable_mounts("engine")]
     if with_model_volume:
         mounts.append({"name": "model", "mountPath": c.MODEL_MOUNT, "readOnly": True})
+    if spec.engine.api_key_secret:
+        mounts.append(security.api_key_mount())
     gpus = {c.GPU_RESOURCE: str(spec.gpus)}
     return {
         "name": "engine",
         "image": spec.engine.image,
         "command": ["kvpilot", "serve"],
         "args": engine_args(spec, plan),
+        "env": security.cache_env("engine"),
         "ports": [{"name": "http", "containerPort": c.ENGINE_PORT, "protocol": "TCP"}],
         "resources": {"requests": dict(gpus), "limits": dict(gpus)},
         "startupProbe": _http_probe("/health", c.ENGINE_PORT, period=10, failures=STARTUP_PROBE_SECONDS // 10),
         "readinessProbe": _http_probe("/ready", c.ENGINE_PORT, period=5, failures=3),
         "livenessProbe": _http_probe("/health", c.ENGINE_PORT, period=10, failures=3),
         "volumeMounts": mounts,
+        "securityContext": security.container_security_context(),
     }
 
 
@@ -84,10 +94,13 @@ def _sidecar(spec: ServiceSpec) -> dict[str, Any]:
         # The pod's own IP, not 0.0.0.0: Prometheus and the kubelet reach it there, nothing else.
         "args": ["--engine-url", f"http://127.0.0.1:{c.STATS_PORT}", "--host", "$(POD_IP)",
                  "--port", str(c.METRICS_PORT)],
-        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                *security.cache_env("sidecar")],
         "ports": [{"name": "metrics", "containerPort": c.METRICS_PORT, "protocol": "TCP"}],
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
         "readinessProbe": _http_probe("/metrics", c.METRICS_PORT, period=10, failures=3),
+        "volumeMounts": security.writable_mounts("sidecar"),
+        "securityContext": security.container_security_context(),
     }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvpilot.operator import constants as c
+from kvpilot.operator.builders.security import API_KEY_FILE
 from kvpilot.operator.spec import ServiceSpec, StrategySpec
 from kvpilot.planner import CapacityPlan
 
@@ -62,4 +63,6 @@ def engine_args(spec: ServiceSpec, plan: CapacityPlan) -> list[str]:
     args += ["--max-num-seqs", str(plan.max_concurrency), "--strategy-name", plan.strategy,
              "--shutdown-grace", str(grace)]
     args += [f"--disable-{name}" for name in spec.engine.disable]
+    if spec.engine.api_key_secret:  # a file from the mounted Secret: a flag value would show in the spec
+        args += ["--api-key-file", API_KEY_FILE]
     return args + list(spec.engine.args)
