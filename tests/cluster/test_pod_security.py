@@ -106,3 +106,21 @@ def test_canary_pod_is_admitted_and_a_noncompliant_pod_is_refused(env) -> None: 
     assert refused.value.status == 403
     assert "violates PodSecurity" in refused.value.body and "restricted" in refused.value.body
     core.delete_namespaced_pod(canary["metadata"]["name"], ns, grace_period_seconds=0)
+
+
+def test_probe_gate_reads_the_key_from_the_secret_or_says_why_not(env, k8s_cluster) -> None:  # type: ignore[no-untyped-def]
+    from kvpilot.operator.analysis.api_key import ApiKeyError, read_api_key
+    from kvpilot.operator.spec import SecretKeyRef
+    from tests.harness.gateway import kube_client
+
+    ns, core = env["ns"], env["core"]
+    core.create_namespaced_secret(ns, {"metadata": {"name": "probe-key"}, "stringData": {"api-key": " s3cret\n"}})
+    kube = kube_client(k8s_cluster)
+    try:
+        assert read_api_key(kube, ns, SecretKeyRef("probe-key")) == "s3cret"
+        with pytest.raises(ApiKeyError, match=f"Secret {ns}/absent .* does not exist"):
+            read_api_key(kube, ns, SecretKeyRef("absent"))
+        with pytest.raises(ApiKeyError, match=r"has no key 'token' \(it has \['api-key'\]\)"):
+            read_api_key(kube, ns, SecretKeyRef("probe-key", "token"))
+    finally:
+        kube.close()

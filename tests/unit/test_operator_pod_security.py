@@ -80,3 +80,15 @@ def test_secret_key_defaults_to_api_key_and_no_ref_means_no_flag() -> None:
     pod = pod_of(service())
     assert "--api-key-file" not in pod["containers"][0]["args"]
     assert "api-key" not in json.dumps(pod["volumes"])
+
+
+def test_the_local_pod_runner_plans_the_restricted_pod() -> None:
+    """The pod runner (local fleet) ignores security contexts and volumes but must accept the env."""
+    from kvpilot.cluster.podrunner.containers import plan_pod
+
+    template = pod_of(service())
+    plans = plan_pod({"metadata": {"name": "p"}, "status": {"podIP": "10.0.0.7"}, "spec": template}, python="py")
+    engine, sidecar = plans
+    assert engine.argv[:4] == ("py", "-m", "kvpilot.cli", "serve")
+    assert dict(engine.env)["TRITON_CACHE_DIR"] == f"{CACHE_DIR}/triton"
+    assert "10.0.0.7" in sidecar.argv and dict(sidecar.env)["TMPDIR"] == "/tmp"

@@ -91,6 +91,13 @@ namespace
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, create, patch]
+{{- if .Values.rbac.readApiKeySecrets }}
+# The probe gate reads the engine's API key (spec.engine.apiKeySecretRef) when it scores a probe
+# set. RBAC cannot narrow this to the Secrets that specs name: it is `get` on every Secret here.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
+{{- end }}
 - apiGroups: [monitoring.coreos.com]
   resources: [podmonitors]
   verbs: [get, create, patch]

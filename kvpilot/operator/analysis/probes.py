@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from kvpilot.operator.analysis.api_key import read_api_key
 from kvpilot.operator.analysis.result import Check
 
 ACCURACY_CHECK = "accuracyDelta"
@@ -169,12 +170,18 @@ def mean_loglik(scores: Sequence[tuple[float, int]]) -> float:
     return math.fsum(s for s, _ in scores) / tokens
 
 
-def score_track(endpoint: Endpoint, probes: Sequence[Probe], timeout_s: float = SCORE_TIMEOUT_S) -> float:
+def score_track(endpoint: Endpoint, probes: Sequence[Probe], timeout_s: float = SCORE_TIMEOUT_S,
+                api_key: str | None = None) -> float:
     """Mean log-likelihood per token of the probes on one track (its served model name from /v1/models)."""
-    with httpx.Client(base_url=endpoint.url, headers=dict(endpoint.headers), timeout=timeout_s,
-                      trust_env=False) as client:
+    headers = dict(endpoint.headers)
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    with httpx.Client(base_url=endpoint.url, headers=headers, timeout=timeout_s, trust_env=False) as client:
         try:
             models = client.get("/v1/models")
+            if models.status_code == 401:
+                raise ScoringError(f"{endpoint.url} wants an API key ({'the one sent was refused' if api_key else 'none was sent'}): "
+                                   "name the Secret holding the engine's key in spec.engine.apiKeySecretRef")
             models.raise_for_status()
             model = models.json()["data"][0]["id"]
             scores = []
@@ -200,11 +207,16 @@ def accuracy_from_scores(canary: float, stable: float, max_delta: float, probes:
                  f"delta {delta:.4f} {'<=' if ok else '>'} {max_delta:g} over {probes} probes")
 
 
-def accuracy_check(kube: Any, namespace: str, service: str, thresholds: Any, urls: TrackUrls) -> Check:
-    """Load `thresholds.probe_set`, score it on both tracks, judge the delta. Raises on missing data."""
+def accuracy_check(kube: Any, namespace: str, service: str, thresholds: Any, urls: TrackUrls,
+                   api_key_secret: Any = None) -> Check:
+    """Load `thresholds.probe_set`, score it on both tracks, judge the delta. Raises on missing data.
+
+    `api_key_secret` (spec.engine.apiKeySecretRef) names the Secret whose key the engines want.
+    """
     if not thresholds.probe_set:
         raise ProbeSetError("spec.canary.analysis.probeSet is not set: there is no probe set to score")
     probes = load_probe_set(kube, namespace, thresholds.probe_set)
-    canary = score_track(urls.endpoint(kube, namespace, service, "canary"), probes)
-    stable = score_track(urls.endpoint(kube, namespace, service, "stable"), probes)
+    api_key = read_api_key(kube, namespace, api_key_secret) if api_key_secret else None
+    canary = score_track(urls.endpoint(kube, namespace, service, "canary"), probes, api_key=api_key)
+    stable = score_track(urls.endpoint(kube, namespace, service, "stable"), probes, api_key=api_key)
     return accuracy_from_scores(canary, stable, thresholds.max_accuracy_delta, len(probes))

@@ -53,7 +53,7 @@ def _analyse(kube: Kube, body: Mapping[str, Any], request: RunAnalysis, options:
                             "promotion; start it with --prometheus-url http://<prometheus>:9090", window_s, at)
     extra: tuple[Check, ...] = ()
     if thresholds.probe_set:
-        extra = (_accuracy(kube, namespace, name, thresholds, options),)
+        extra = (_accuracy(kube, namespace, name, thresholds, options, spec.engine.api_key_secret),)
     provider = provider_for(options.provider, url=options.prometheus_url)
     try:
         return analyse(provider, namespace, name, window_s, thresholds, now, extra_checks=extra)
@@ -63,7 +63,8 @@ def _analyse(kube: Kube, body: Mapping[str, Any], request: RunAnalysis, options:
             close()
 
 
-def _accuracy(kube: Kube, namespace: str, name: str, thresholds: Any, options: Options) -> Check:
+def _accuracy(kube: Kube, namespace: str, name: str, thresholds: Any, options: Options,
+              api_key_secret: Any = None) -> Check:
     """The probe set scored on both tracks (rollout-io's probes module); no verdict without it."""
     try:
         from kvpilot.operator.analysis import probes
@@ -71,7 +72,7 @@ def _accuracy(kube: Kube, namespace: str, name: str, thresholds: Any, options: O
         return Check(ACCURACY_CHECK, None, None, thresholds.max_accuracy_delta, None,
                      "the probe gate is not available in this build: no accuracy verdict")
     try:
-        return probes.accuracy_check(kube, namespace, name, thresholds, probes.track_urls(options))
+        return probes.accuracy_check(kube, namespace, name, thresholds, probes.track_urls(options), api_key_secret)
     except Exception as exc:  # a probe failure is no data, never a pass
         log.warning("probe set of %s/%s: %s", namespace, name, exc)
         return Check(ACCURACY_CHECK, None, None, thresholds.max_accuracy_delta, None, f"probe set not scored: {exc}")
