@@ -49,6 +49,7 @@ class LLMEngine:
         self.model_config = ModelConfig.from_dir(config.model)
         self.tokenizer = Tokenizer(config.model, self.model_config.eos_token_ids)
         self.runner = ModelRunner(config, self.model_config)
+        self.runner.eos_token_ids = self.tokenizer.eos_token_ids  # the tokenizer's EOS too (min_tokens)
         self.max_model_len = self._max_model_len()
         self.block_manager = build_block_manager(  # two pools under kv_cache_dtype=auto switching
             config,
@@ -101,6 +102,8 @@ class LLMEngine:
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token ids must be integers in [0, {vocab}), got {bad[:5]}")
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise ValueError(f"logit_bias token id {max(params.logit_bias)} is out of range [0, {vocab})")
         seq = Sequence(request_id, prompt_token_ids, params)
         self.scheduler.add(seq)
         self._seqs[request_id] = seq

@@ -20,6 +20,11 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; k >= 0: each sampled token's log p and the k most likely
+    presence_penalty: float = 0.0  # OpenAI: minus this once a token has been generated
+    frequency_penalty: float = 0.0  # OpenAI: minus this per time a token has been generated
+    repetition_penalty: float = 1.0  # HF/vLLM: divide positive, multiply negative logits of seen tokens
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    min_tokens: int = 0  # EOS and stop_token_ids cannot be sampled before this many tokens
 
 
     def __post_init__(self) -> None:
@@ -51,6 +56,21 @@ class SamplingParams:
             f"stop must be non-empty strings, got {self.stop!r}",
         )
 
+        _check(
+            all(-2.0 <= v <= 2.0 for v in (self.presence_penalty, self.frequency_penalty)),
+            f"presence_penalty and frequency_penalty must be in [-2, 2], got {self.presence_penalty}, "
+            f"{self.frequency_penalty}",
+        )
+        _check(0.0 < self.repetition_penalty <= 2.0, f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+        _check(
+            all(k >= 0 and -100.0 <= v <= 100.0 for k, v in self.logit_bias.items()),
+            "logit_bias maps token ids >= 0 to values in [-100, 100]",
+        )
+        _check(
+            isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens,
+            f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}",
+        )
         _check(
             self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
             f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}",

@@ -98,7 +98,8 @@ def test_invalid_json_is_422(server: ServerProcess) -> None:
         ("/v1/chat/completions", {"n": 3}, "n", "n=3 is not supported"),
         ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs", "needs logprobs=true"),
         ("/v1/completions", {"max_tokens": 0}, "max_tokens", "only allowed with echo=true"),
-        ("/v1/completions", {"presence_penalty": 0.5}, "presence_penalty", "omit it or send 0"),
+        ("/v1/completions", {"logit_bias": {"x": 1}}, "logit_bias", "not a token id"),
+        ("/v1/completions", {"logit_bias": {"99999": 1}}, "logit_bias", "out of range"),
     ],
 )
 def test_unsupported_options_are_400(

@@ -102,3 +102,21 @@ def test_prompt_list_in_order_and_long_stop_list(server: ServerProcess) -> None:
 def test_max_tokens_zero_needs_echo(server: ServerProcess) -> None:
     response = post(server, "/v1/completions", {"prompt": "x", "max_tokens": 0})
     assert response.status_code == 400 and "echo" in response.json()["error"]["message"]
+
+
+def test_logit_bias_min_tokens_and_penalties(server: ServerProcess, engine) -> None:
+    base = {"prompt": [5, 17, 99, 3], "max_tokens": 6, "temperature": 0}
+    forced = post(server, "/v1/completions", {**base, "logit_bias": {"42": 100}, "ignore_eos": True}).json()
+    assert forced["choices"][0]["text"] == engine.tokenizer.decode([42] * 6)
+    eos = str(engine.tokenizer.eos_token_id)
+    stop_at_once = post(server, "/v1/completions", {**base, "logit_bias": {eos: 100}}).json()
+    assert stop_at_once["choices"][0]["finish_reason"] == "stop"
+    assert stop_at_once["usage"]["completion_tokens"] <= 1
+    held = post(server, "/v1/completions", {**base, "logit_bias": {eos: 100}, "min_tokens": 3}).json()
+    assert held["usage"]["completion_tokens"] >= 3 and held["choices"][0]["finish_reason"] == "stop"
+    pair = {**base, "ignore_eos": True, "logit_bias": {"42": 100, "43": 100}}
+    plain = post(server, "/v1/completions", pair).json()["choices"][0]["text"]
+    assert plain in (engine.tokenizer.decode([42] * 6), engine.tokenizer.decode([43] * 6))  # greedy: one of them
+    alternating = post(server, "/v1/completions", {**pair, "frequency_penalty": 2.0}).json()["choices"][0]["text"]
+    both = {engine.tokenizer.decode([t]) for t in (42, 43)}
+    assert plain != alternating and all(t in alternating for t in both)  # each repeat costs 2: the other wins

@@ -149,6 +149,13 @@ async def _prepare(
         if exc.status < 500:
             runtime.record_rejection("invalid")
         raise
+    vocab_size = getattr(tokenizer, "vocab_size", None)
+    if req.logit_bias and vocab_size is not None:
+        ids = [int(k) for k in req.logit_bias if k.isdigit()]
+        if ids and max(ids) >= vocab_size:
+            runtime.record_rejection("invalid")
+            raise APIError(400, f"logit_bias token id {max(ids)} is out of range: this vocabulary has ids "
+                           f"0..{vocab_size - 1}", param="logit_bias")  # fmt: skip
     default = None if chat else runtime.settings.default_completion_max_tokens
     requested = req.requested_max_tokens()
     longest = max(len(p) for p in prompts)

@@ -15,10 +15,6 @@ def reject_unsupported(req: SamplingFields) -> None:
     """A 400 for options this server does not implement, instead of silently ignoring them."""
     if req.n not in (None, 1):
         _unsupported("n", f"n={req.n} is not supported: this server returns one choice per request (n=1)")
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = getattr(req, name)
-        if value not in (None, 0, 0.0):
-            _unsupported(name, f"{name}={value} is not supported; omit it or send 0")
     if isinstance(req, ChatCompletionRequest):
         _reject_chat_only(req)
     if isinstance(req, CompletionRequest):
@@ -105,6 +101,18 @@ def _prompt_ids(tokenizer: Any, prompt: str | list[int], vocab_size: int | None,
     return ids
 
 
+def logit_bias(req: SamplingFields) -> dict[int, float]:
+    """OpenAI's {"token id": bias} as ints, or a 400 naming the bad key."""
+    out: dict[int, float] = {}
+    for key, value in (req.logit_bias or {}).items():
+        if not key.isdigit():
+            raise APIError(400, f"logit_bias key {key!r} is not a token id (a non-negative integer)", param="logit_bias")
+        if not -100.0 <= value <= 100.0:
+            raise APIError(400, f"logit_bias[{key}] = {value} is outside [-100, 100]", param="logit_bias")
+        out[int(key)] = float(value)
+    return out
+
+
 def requested_logprobs(req: SamplingFields) -> int | None:
     """Alternatives per token the response lists (None: no logprobs at all)."""
     if isinstance(req, ChatCompletionRequest):
@@ -126,6 +134,11 @@ def sampling_params(req: SamplingFields, max_tokens: int) -> SamplingParams:
             stop=req.stop_list(),
             ignore_eos=req.ignore_eos,
             logprobs=requested_logprobs(req),
+            presence_penalty=float(req.presence_penalty or 0.0),
+            frequency_penalty=float(req.frequency_penalty or 0.0),
+            repetition_penalty=1.0 if req.repetition_penalty is None else float(req.repetition_penalty),
+            logit_bias=logit_bias(req),
+            min_tokens=min(req.min_tokens or 0, max_tokens),
         )
     except ValueError as exc:
         raise APIError(400, str(exc), code="invalid_value") from exc

@@ -60,6 +60,9 @@ class SamplingFields(_Body):
     n: int | None = Field(default=None, ge=1, le=128, description="Only n=1 is supported.")
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0, description="Extension (HF/vLLM).")
+    logit_bias: dict[str, float] | None = Field(default=None, description="Token id (as a string) -> bias in [-100, 100].")
+    min_tokens: int | None = Field(default=None, ge=0, description="Extension: no EOS/stop token before this many.")
     ignore_eos: bool = Field(default=False, description="Extension: keep generating past EOS.")
     user: str | None = None
 

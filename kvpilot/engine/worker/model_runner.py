@@ -19,6 +19,7 @@ from kvpilot.engine.worker.cuda_graphs import build_decode_graphs
 from kvpilot.engine.worker.inputs import BlockTableRows, InputStager
 from kvpilot.engine.worker.kv_cache import KVCache, allocate_kv_cache, block_bytes, kv_layout_for
 from kvpilot.engine.worker.loader import init_dummy_weights, load_weights
+from kvpilot.engine.worker.logits_processors import apply_logits_processors
 from kvpilot.engine.worker.memory import (
     cuda_kv_blocks,
     device_memory_bytes,
@@ -64,6 +65,7 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.last_sample_rows: list[tuple[int, int]] = []
         self.last_logprobs: dict[int, tuple[float, TopLogprobs]] = {}  # scheduled index -> (log p, top)
+        self.eos_token_ids: tuple[int, ...] = tuple(model_config.eos_token_ids)  # min_tokens masks them
         self.block_rows = BlockTableRows(rows=config.max_num_seqs)  # host mirror of the block tables
         self.stager = InputStager(self.device)  # the step's inputs to the device, one copy per dtype
         self._sample_index: torch.Tensor | None = None
@@ -243,6 +245,7 @@ class ModelRunner:
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         params = [s.params for s in seqs]
+        logits = apply_logits_processors(logits, seqs, self.eos_token_ids)  # penalties, logit_bias, min_tokens
         if all(p.greedy for p in params):
             return logits.argmax(dim=-1)
         temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=self.device)
