@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import threading
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,50 @@ class TextDelta:
 _FAILED = object()
 
 
+class _Mailbox:
+    """Hands callbacks from the engine thread to one asyncio loop, waking the loop once per batch.
+
+    `call_soon_threadsafe` per output writes to the loop's self-pipe each time: with hundreds of
+    streams that is hundreds of syscalls and wake-ups per engine step, paid on the engine thread.
+    Here the first post of a batch schedules one flush; later posts before the flush only append.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple[Any, Any]] = []
+
+    def post(self, fn: Any, arg: Any) -> None:
+        with self._lock:
+            self._items.append((fn, arg))
+            if len(self._items) > 1:
+                return  # a flush is already scheduled and has not run yet
+        try:
+            self._loop.call_soon_threadsafe(self._flush)
+        except RuntimeError:  # the event loop is closed, so nobody is waiting any more
+            with self._lock:
+                self._items.clear()
+
+    def _flush(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+        for fn, arg in items:
+            try:
+                fn(arg)
+            except Exception:
+                log.exception("delivering an engine event to a request failed")
+
+
+_MAILBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox] = weakref.WeakKeyDictionary()
+
+
+def _mailbox(loop: asyncio.AbstractEventLoop) -> _Mailbox:
+    box = _MAILBOXES.get(loop)
+    if box is None:
+        box = _MAILBOXES[loop] = _Mailbox(loop)
+    return box
+
+
 class Generation:
     """Submits one request to the engine loop and turns its outputs into text deltas.
 
@@ -58,6 +103,7 @@ class Generation:
         self._prompt_token_ids = prompt_token_ids
         self._params = params
         self._aio = asyncio.get_running_loop()
+        self._mailbox = _mailbox(self._aio)
         self._queue: asyncio.Queue = asyncio.Queue()
         self._accepted: asyncio.Future = self._aio.create_future()
         self._text = IncrementalText(tokenizer, stop)
@@ -79,9 +125,7 @@ class Generation:
         self._to_aio(self._queue.put_nowait, (_FAILED, error))
 
     def _to_aio(self, fn: Any, arg: Any) -> None:
-        # RuntimeError: the event loop is closed, so nobody is waiting any more.
-        with contextlib.suppress(RuntimeError):
-            self._aio.call_soon_threadsafe(fn, arg)
+        self._mailbox.post(fn, arg)
 
     def _set_accepted(self, error: BaseException | None) -> None:
         if self._accepted.done():
@@ -103,15 +147,29 @@ class Generation:
             self._engine_loop.abort(self.request_id)
 
     async def deltas(self) -> AsyncIterator[TextDelta]:
-        """Text deltas until the request finishes; the last one carries the finish reason."""
+        """Text deltas until the request finishes; the last one carries the finish reason.
+
+        Outputs that queued up while the consumer was busy come out as one delta (one SSE event
+        instead of several): a loaded server sends fewer, larger events instead of falling behind.
+        """
         while not self.finished:
-            item = await self._queue.get()
-            if isinstance(item, tuple) and item and item[0] is _FAILED:
-                self.finished = True
-                raise EngineFailure(self.request_id, item[1])
-            delta = self._consume(item)
-            if delta is not None:
-                yield delta
+            items = [await self._queue.get()]
+            while not self._queue.empty():
+                items.append(self._queue.get_nowait())
+            merged: TextDelta | None = None
+            for item in items:
+                if self.finished:
+                    break
+                if isinstance(item, tuple) and item and item[0] is _FAILED:
+                    self.finished = True
+                    if merged is not None:
+                        yield merged
+                    raise EngineFailure(self.request_id, item[1])
+                delta = self._consume(item)
+                if delta is not None:
+                    merged = delta if merged is None else _merge(merged, delta)
+            if merged is not None:
+                yield merged
 
     def _consume(self, output: Any) -> TextDelta | None:
         self.num_prompt_tokens = output.num_prompt_tokens or self.num_prompt_tokens
@@ -143,3 +201,16 @@ class Generation:
             cached_tokens=self.num_cached_tokens,
             logprobs=logprobs,
         )
+
+
+def _merge(first: TextDelta, then: TextDelta) -> TextDelta:
+    if first.logprobs is not None and then.logprobs is not None:
+        first.logprobs.extend(then.logprobs)
+    return TextDelta(
+        text=first.text + then.text,
+        finish_reason=then.finish_reason or first.finish_reason,
+        prompt_tokens=then.prompt_tokens,
+        completion_tokens=then.completion_tokens,
+        cached_tokens=then.cached_tokens,
+        logprobs=first.logprobs if first.logprobs is not None else then.logprobs,
+    )
