@@ -6,8 +6,8 @@ from typing import Any
 
 from grafana_foundation_sdk.builders import dashboard as db
 
+import kvpilot.dashboards.queries as queries
 from kvpilot import promql
-from kvpilot.dashboards import queries
 from kvpilot.dashboards.common import (
     KV_EFFICIENCY_TARGET,
     RATE,

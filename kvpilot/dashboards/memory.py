@@ -9,8 +9,8 @@ from grafana_foundation_sdk.builders import heatmap
 from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import heatmap as hm
 
+import kvpilot.dashboards.queries as queries
 from kvpilot import promql
-from kvpilot.dashboards import queries
 from kvpilot.dashboards.common import (
     DATASOURCE,
     FALLBACK_COSINE,

@@ -7,8 +7,8 @@ from typing import Any
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import statetimeline
 
+import kvpilot.dashboards.queries as queries
 from kvpilot import promql
-from kvpilot.dashboards import queries
 from kvpilot.dashboards.common import (
     DATASOURCE,
     KV_EFFICIENCY_TARGET,

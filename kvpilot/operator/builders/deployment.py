@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import kvpilot.operator.builders.security as security
 from kvpilot.operator import constants as c
-from kvpilot.operator.builders import security
 from kvpilot.operator.builders.common import deployment_name, labels, metadata
 from kvpilot.operator.builders.engine_args import engine_args, pvc_claim
 from kvpilot.operator.spec import ServiceSpec

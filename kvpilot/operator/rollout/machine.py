@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass
 
-from kvpilot.operator.rollout import phases as p
+import kvpilot.operator.rollout.phases as p
 from kvpilot.operator.rollout.actions import (
     Action,
     DeleteCanary,
