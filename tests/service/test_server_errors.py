@@ -99,6 +99,12 @@ def test_invalid_json_is_422(server: ServerProcess) -> None:
         ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs", "needs logprobs=true"),
         ("/v1/completions", {"max_tokens": 0}, "max_tokens", "only allowed with echo=true"),
         ("/v1/completions", {"logit_bias": {"x": 1}}, "logit_bias", "not a token id"),
+        ("/v1/completions", {"guided_json": {"type": "object"}}, "guided_json", "not supported"),
+        ("/v1/completions", {"min_p": 0.1}, "min_p", "min_p=0.1 is not supported"),
+        ("/v1/chat/completions", {"chat_template_kwargs": {"x": 1}}, "chat_template_kwargs", "not supported"),
+        ("/v1/chat/completions", {"continue_final_message": True}, "continue_final_message", "not supported"),
+        ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format", "not supported"),
+        ("/v1/chat/completions", {"tools": []}, "tools", "not supported"),
         ("/v1/completions", {"logit_bias": {"99999": 1}}, "logit_bias", "out of range"),
     ],
 )

@@ -15,6 +15,15 @@ def reject_unsupported(req: SamplingFields) -> None:
     """A 400 for options this server does not implement, instead of silently ignoring them."""
     if req.n not in (None, 1):
         _unsupported("n", f"n={req.n} is not supported: this server returns one choice per request (n=1)")
+    for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+                 "prompt_logprobs"):  # fmt: skip
+        if getattr(req, name) is not None:
+            _unsupported(name, f"{name} is not supported by this server (no structured output / prompt_logprobs); "
+                         f"remove {name!r} (for prompt log-probabilities use echo=true with logprobs)")  # fmt: skip
+    if req.min_p not in (None, 0, 0.0):
+        _unsupported("min_p", f"min_p={req.min_p} is not supported; use top_p / top_k, or send 0")
+    if req.use_beam_search:
+        _unsupported("use_beam_search", "beam search is not supported; send use_beam_search=false")
     if isinstance(req, ChatCompletionRequest):
         _reject_chat_only(req)
     if isinstance(req, CompletionRequest):
@@ -29,7 +38,12 @@ def reject_unsupported(req: SamplingFields) -> None:
 def _reject_chat_only(req: ChatCompletionRequest) -> None:
     if req.top_logprobs and not req.logprobs:
         _unsupported("top_logprobs", "top_logprobs needs logprobs=true")
-    for name in ("tools", "tool_choice", "functions", "function_call"):
+    if req.chat_template_kwargs is not None:
+        _unsupported("chat_template_kwargs", "chat_template_kwargs is not supported; the template gets messages only")
+    if req.continue_final_message:
+        _unsupported("continue_final_message", "continue_final_message is not supported; send it as a text "
+                     "completion (render the prompt with /tokenize)")  # fmt: skip
+    for name in ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls"):
         if getattr(req, name) is not None:
             _unsupported(
                 name, f"{name} is not supported yet: this server does not call tools; remove {name!r} from the request"

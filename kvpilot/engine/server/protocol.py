@@ -65,6 +65,15 @@ class SamplingFields(_Body):
     min_tokens: int | None = Field(default=None, ge=0, description="Extension: no EOS/stop token before this many.")
     ignore_eos: bool = Field(default=False, description="Extension: keep generating past EOS.")
     user: str | None = None
+    # vLLM extensions this server does not implement: accepted only to be refused with a 400 naming them.
+    guided_json: Any = Field(default=None, description="Not supported (400): no structured output yet.")
+    guided_regex: Any = Field(default=None, description="Not supported (400).")
+    guided_choice: Any = Field(default=None, description="Not supported (400).")
+    guided_grammar: Any = Field(default=None, description="Not supported (400).")
+    structured_outputs: Any = Field(default=None, description="Not supported (400).")
+    min_p: float | None = Field(default=None, description="Not supported (400) unless 0.")
+    use_beam_search: bool | None = Field(default=None, description="Not supported (400) unless false.")
+    prompt_logprobs: int | None = Field(default=None, description="Not supported (400); use echo + logprobs.")
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -80,6 +89,9 @@ class SamplingFields(_Body):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    chat_template_kwargs: Any = Field(default=None, description="Not supported (400).")
+    continue_final_message: bool | None = Field(default=None, description="Not supported (400) unless false.")
+    parallel_tool_calls: Any = Field(default=None, description="Not supported (400).")
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     # Accepted only to be refused with a 400 naming them (reject_unsupported), never ignored.
