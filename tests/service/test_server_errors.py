@@ -94,8 +94,8 @@ def test_invalid_json_is_422(server: ServerProcess) -> None:
 @pytest.mark.parametrize(
     ("path", "extra", "param", "text"),
     [
-        ("/v1/completions", {"n": 2}, "n", "one choice per request (n=1)"),
-        ("/v1/chat/completions", {"n": 3}, "n", "n=3 is not supported"),
+        ("/v1/completions", {"n": 2, "echo": True}, "n", "n=2 with echo=true is not supported"),
+        ("/v1/completions", {"n": 100, "prompt": ["a", "b", "c"]}, "n", "300 sequences; at most 256"),
         ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs", "needs logprobs=true"),
         ("/v1/completions", {"max_tokens": 0}, "max_tokens", "only allowed with echo=true"),
         ("/v1/completions", {"logit_bias": {"x": 1}}, "logit_bias", "not a token id"),

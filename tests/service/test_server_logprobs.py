@@ -120,3 +120,24 @@ def test_logit_bias_min_tokens_and_penalties(server: ServerProcess, engine) -> N
     alternating = post(server, "/v1/completions", {**pair, "frequency_penalty": 2.0}).json()["choices"][0]["text"]
     both = {engine.tokenizer.decode([t]) for t in (42, 43)}
     assert plain != alternating and all(t in alternating for t in both)  # each repeat costs 2: the other wins
+
+
+def test_n_choices_per_prompt(server: ServerProcess) -> None:
+    body = {"prompt": ["first prompt", "second one"], "n": 3, "max_tokens": 5, "temperature": 1.0, "seed": 11,
+            "ignore_eos": True}  # fmt: skip
+    result = post(server, "/v1/completions", body).json()
+    choices = result["choices"]
+    assert [c["index"] for c in choices] == list(range(6))
+    texts = [c["text"] for c in choices]
+    assert len(set(texts[:3])) > 1 and len(set(texts[3:])) > 1  # seed + j: the n samples differ
+    assert [c["text"] for c in post(server, "/v1/completions", body).json()["choices"]] == texts  # and repeat
+    single = post(server, "/v1/completions", {**body, "prompt": "first prompt", "n": 1}).json()
+    assert single["choices"][0]["text"] == texts[0]  # the first of n is the n=1 sample
+    second = post(server, "/v1/completions", {**body, "prompt": "second one", "n": 1}).json()
+    # each prompt counts once, however many choices it has
+    assert result["usage"]["prompt_tokens"] == single["usage"]["prompt_tokens"] + second["usage"]["prompt_tokens"]
+    assert result["usage"]["completion_tokens"] == 30
+    chat = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 2,
+                                                 "max_tokens": 3, "temperature": 0}).json()  # fmt: skip
+    assert [c["index"] for c in chat["choices"]] == [0, 1]
+    assert chat["choices"][0]["message"] == chat["choices"][1]["message"]  # greedy: the same

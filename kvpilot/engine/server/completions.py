@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -22,13 +23,14 @@ from kvpilot.engine.server.generation import EngineFailure, Generation, TextDelt
 from kvpilot.engine.server.idempotency import IDEMPOTENCY_HEADER, IdempotencyStore, body_fingerprint
 from kvpilot.engine.server.logprobs import TokenLogprobs, chat_logprobs, completion_logprobs, prompt_logprobs
 from kvpilot.engine.server.prompts import (
+    MAX_PROMPTS_PER_REQUEST,
     chat_prompt_ids,
     completion_prompt_ids,
     echoed_texts,
     reject_unsupported,
     sampling_params,
 )
-from kvpilot.engine.server.protocol import ChatCompletionRequest, CompletionRequest
+from kvpilot.engine.server.protocol import SEED_LIMIT, ChatCompletionRequest, CompletionRequest
 from kvpilot.engine.server.responses import Usage
 from kvpilot.engine.server.result_log import ResultLog
 from kvpilot.engine.server.runtime import ServerRuntime
@@ -94,15 +96,19 @@ async def serve_completion(
     stop = req.stop_list()
     echo = isinstance(req, CompletionRequest) and req.echo
     texts = echoed_texts(tokenizer, req, prompts) if echo else None
+    n = req.n or 1  # n choices per prompt: prompt i's j-th is choice i * n + j (OpenAI's order)
+    if n > 1:
+        prompts = [ids for ids in prompts for _ in range(n)]
+        texts = [t for t in texts for _ in range(n)] if texts is not None else None
 
     async def produce(out: ResultLog) -> None:
         gens = [
-            Generation(engine_loop, fmt.response_id + (f"-{i}" if i else ""), ids, params, tokenizer, stop)
+            Generation(engine_loop, fmt.response_id + (f"-{i}" if i else ""), ids, _nth(params, i % n), tokenizer, stop)
             for i, ids in enumerate(prompts)
         ]
         try:
             echoes = await _echoes(engine_loop, prompts, params, texts)
-            await _run(gens, fmt, out, req.stream, echoes, tokenizer, generate)
+            await _run(gens, fmt, out, req.stream, echoes, tokenizer, generate, n)
         except EngineFailure as exc:
             runtime.record_rejection("internal_error")
             runtime.record_failure("engine_error")
@@ -159,6 +165,10 @@ async def _prepare(
     default = None if chat else runtime.settings.default_completion_max_tokens
     requested = req.requested_max_tokens()
     longest = max(len(p) for p in prompts)
+    if len(prompts) * (req.n or 1) > MAX_PROMPTS_PER_REQUEST:
+        runtime.record_rejection("invalid")
+        raise APIError(400, f"{len(prompts)} prompts x n={req.n} is {len(prompts) * (req.n or 1)} sequences; at most "
+                       f"{MAX_PROMPTS_PER_REQUEST} per request: split the batch", param="n")  # fmt: skip
     if requested == 0:  # echo-only scoring (checked by reject_unsupported): the prompt must fit
         admission.max_tokens_for(longest, None, 1)
         return prompts, sampling_params(req, 1), False
@@ -196,8 +206,9 @@ async def _run(
     echoes: list[tuple[str, TokenLogprobs | None]] | None,
     tokenizer: Any,
     generate: bool,
+    n: int = 1,
 ) -> None:
-    """Run every prompt's generation at once; answer with one choice per prompt, in prompt order."""
+    """Run every generation at once; answer with n choices per prompt, in prompt order."""
     if generate:
         for gen in gens:
             await gen.start()
@@ -209,7 +220,8 @@ async def _run(
           for i, gen in enumerate(gens))
     )  # fmt: skip
     completion = sum(r[3] for r in results)
-    usage = Usage.of(sum(g.num_prompt_tokens for g in gens), completion, sum(g.num_cached_tokens for g in gens))
+    # a prompt counts once however many choices it has (as OpenAI counts n > 1)
+    usage = Usage.of(sum(g.num_prompt_tokens for g in gens[::n]), completion, sum(g.num_cached_tokens for g in gens[::n]))
     if stream:
         if fmt.include_usage:
             out.append(fmt.usage_chunk(usage))
@@ -259,6 +271,13 @@ async def _choice(
             pieces.append(delta.text)
     body = _body(fmt.chat, tokenizer, logprobs, 0) if wants and not stream else None
     return "".join(pieces), finish_reason, body, completion_tokens
+
+
+def _nth(params: SamplingParams, j: int) -> SamplingParams:
+    """The j-th of n samples: with a seed, seed + j, so the n choices differ yet repeat run to run."""
+    if j == 0 or params.seed is None:
+        return params
+    return dataclasses.replace(params, seed=(params.seed + j) % SEED_LIMIT)
 
 
 def _body(chat: bool, tokenizer: Any, logprobs: TokenLogprobs, offset: int) -> Any:

@@ -13,8 +13,8 @@ DEFAULT_TEMPERATURE = 1.0
 
 def reject_unsupported(req: SamplingFields) -> None:
     """A 400 for options this server does not implement, instead of silently ignoring them."""
-    if req.n not in (None, 1):
-        _unsupported("n", f"n={req.n} is not supported: this server returns one choice per request (n=1)")
+    if req.n not in (None, 1) and isinstance(req, CompletionRequest) and req.echo:
+        _unsupported("n", f"n={req.n} with echo=true is not supported: echo scores the prompt once; send n=1")
     for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
                  "prompt_logprobs"):  # fmt: skip
         if getattr(req, name) is not None:

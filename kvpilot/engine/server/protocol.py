@@ -57,7 +57,7 @@ class SamplingFields(_Body):
     stop: StopField = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int | None = Field(default=None, ge=1, le=128, description="Only n=1 is supported.")
+    n: int | None = Field(default=None, ge=1, le=128, description="Choices per prompt (sampled independently).")
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0, description="Extension (HF/vLLM).")
