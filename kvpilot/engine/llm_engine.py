@@ -14,7 +14,7 @@ from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.metrics.stats import EngineStats, build_feed
 from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.step_hooks import StepHooks
-from kvpilot.engine.strategies.kv_quant.pools import apply_kv_stats, build_block_manager
+from kvpilot.engine.strategies.kv_quant.pools import build_block_manager, kv_feed
 from kvpilot.engine.tokenizer import Tokenizer
 from kvpilot.engine.worker.model_runner import ModelRunner
 from kvpilot.engine.worker.sampler import TopLogprobs
@@ -231,9 +231,10 @@ class LLMEngine:
 
     def stats(self) -> dict[str, Any]:
         runner = self.runner
+        kv = kv_feed(runner, self.block_manager, len(self.scheduler.running))
         memory = {
             "weights": runner.weights_bytes,
-            "kv_pool": runner.num_kv_blocks * runner.bytes_per_block,
+            "kv_pool": kv.pool_bytes,
             "activation_peak": runner.activation_peak_bytes,
             **runner.memory_stats(),
         }
@@ -242,14 +243,12 @@ class LLMEngine:
             "strategy": self.config.attention,
             "device": runner.device.type,
             "ready": self.ready,
-            "kv_cache_dtype": str(runner.kv_dtype).removeprefix("torch."),
+            "kv_cache_dtype": kv.kv_cache_dtype,  # the dtype new sequences get now
             "mla": runner.mla.stats(),  # mode, latent width, SVD reconstruction error
         }
-        feed = build_feed(
-            self.stats_state, info, self.block_manager, self.scheduler, runner.bytes_per_block, memory
-        )
-        if runner.linear_state is not None:  # summary hits/misses of the recurrent-state pool
-            feed["linear"] = runner.linear_state.stats()
-        self.checks.fill_feed(feed)  # validation counters, gqa_head_utilization
-        apply_kv_stats(feed, runner, self.block_manager)  # KV dtype in use, sequences per dtype, pool bytes
-        return feed
+        linear = runner.linear_state.stats() if runner.linear_state is not None else None  # summary hits/misses
+        return build_feed(
+            self.stats_state, info, self.block_manager, self.scheduler, runner.bytes_per_block, memory,
+            sequences_by_dtype=kv.sequences_by_dtype, kv_used=kv.used_bytes, linear=linear,
+            **self.checks.feed_sections(),
+        )  # fmt: skip

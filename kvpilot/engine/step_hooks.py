@@ -1,7 +1,7 @@
 """What the engine does around each step for long context and the mission metrics.
 
 One object so the engine needs three hook calls: `before_run` (arm validation and head-utilisation
-capture), `after_step` (validate, fall back, evict) and `fill_feed` (their stats). It holds THE list
+capture), `after_step` (validate, fall back, evict) and `feed_sections` (their stats). It holds THE list
 of runtime checks, one per active approximation (eviction, 8-bit KV, Performer, MLA conversion).
 With the defaults (no eviction, no approximation active) validation has no check to run and
 eviction drops nothing, so the engine's outputs are exactly those without this object.
@@ -73,7 +73,6 @@ class StepHooks:
             for item in out.scheduled:
                 self.evictor.evict(item.seq)
 
-    def fill_feed(self, feed: dict[str, Any]) -> dict[str, Any]:
-        feed["validation"] = self.validation.feed()
-        feed["gqa_head_utilization"] = self.head_utilization.feed()
-        return feed
+    def feed_sections(self) -> dict[str, Any]:
+        """Their sections of the stats feed: validation counters and gqa_head_utilization."""
+        return {"validation": self.validation.feed(), "gqa_head_utilization": self.head_utilization.feed()}

@@ -78,11 +78,20 @@ def build_feed(
     scheduler: Scheduler,
     bytes_per_block: int,
     memory: dict[str, int],
+    *,
+    sequences_by_dtype: dict[str, int] | None = None,
+    kv_used: int | None = None,
+    linear: dict[str, int] | None = None,
+    validation: dict[str, Any] | None = None,
+    gqa_head_utilization: list[dict] | None = None,
 ) -> dict[str, Any]:
-    """The whole stats feed, every key of stats_contract present."""
+    """The whole stats feed, every key of stats_contract present, assembled once: each owner passes
+    its section (KV dtypes and bytes, the linear state pool, validation, head utilisation); a
+    section not passed gets its idle value."""
     running = list(scheduler.running)
     bm = block_manager
     live, allocated = kv_occupancy(running, bm.block_size)
+    kv_extra = {} if sequences_by_dtype is None else {"sequences_by_dtype": sequences_by_dtype}
     return {
         "schema_version": SCHEMA_VERSION,
         "engine": {
@@ -100,12 +109,13 @@ def build_feed(
             "live_token_slots": live,
             "allocated_token_slots": allocated,
             "efficiency": live / allocated if allocated else None,
+            **kv_extra,
         },
         "prefix_cache": {
             "queried_tokens_total": bm.prefix_queried_tokens,
             "hit_tokens_total": bm.prefix_hit_tokens,
         },
-        "memory_bytes": {**memory, "kv_used": bm.num_used_blocks * bytes_per_block},
+        "memory_bytes": {**memory, "kv_used": bm.num_used_blocks * bytes_per_block if kv_used is None else kv_used},
         "requests": {
             "running": len(running),
             "waiting": len(scheduler.waiting),
@@ -123,9 +133,9 @@ def build_feed(
             "tpot_seconds": stats.tpot.to_feed(),
             "e2e_seconds": stats.e2e.to_feed(),
         },
-        "linear": {"summary_hits_total": 0, "summary_misses_total": 0},
-        "gqa_head_utilization": [],
-        "validation": {
+        "linear": linear or {"summary_hits_total": 0, "summary_misses_total": 0},
+        "gqa_head_utilization": gqa_head_utilization or [],
+        "validation": validation or {
             "checks_total": 0,
             "fallbacks_total": dict.fromkeys(FALLBACK_REASONS, 0),
             "last_cosine": None,

@@ -15,11 +15,12 @@ pools, so freeing a victim in the other pool does not help and it preempts furth
 only when one pool is exhausted).
 
 `build_block_manager` picks the engine's block manager (one pool, or these two) and
-`apply_kv_stats` writes the KV dtype, sequences per dtype and pool bytes into the stats feed.
+`kv_feed` returns the KV dtype, sequences per dtype and pool bytes for the stats feed.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.engine.config import EngineConfig
@@ -175,23 +176,32 @@ def dtype_name(dtype: Any) -> str:
     return _FEED_DTYPE.get(name, name)
 
 
-def apply_kv_stats(feed: dict[str, Any], runner: Any, block_manager: Any) -> dict[str, Any]:
-    """engine.kv_cache_dtype = the dtype new sequences get now; kv.sequences_by_dtype = running
-    sequences per cache dtype; memory_bytes.kv_pool / kv_used summed over pools of different bytes."""
+@dataclass(frozen=True)
+class KVFeed:
+    """The KV cache's part of the stats feed: the dtype new sequences get now, running sequences per
+    cache dtype, and pool / used bytes (summed over pools of different block bytes)."""
+
+    kv_cache_dtype: str
+    sequences_by_dtype: dict[str, int]
+    pool_bytes: int
+    used_bytes: int
+
+
+def kv_feed(runner: Any, block_manager: Any, running: int) -> KVFeed:
+    """The KV section for the feed, from the runner's layout and the block manager (one pool or two)."""
     layout = runner.kv_layout
     mc, bs = runner.model_config, runner.block_size
-    running = feed["requests"]["running"]
     if isinstance(block_manager, PooledBlockManager):
         names = {POOL16: dtype_name(layout.dtype16), POOL8: layout.quant}
         sizes = {POOL16: layout.bytes16(mc, bs), POOL8: layout.bytes8(mc, bs)}
         pools = block_manager.pools
-        feed["engine"]["kv_cache_dtype"] = names[block_manager.mode]
         counts = block_manager.sequences_per_pool()
-        feed["kv"]["sequences_by_dtype"] = {names[p]: counts[p] for p in pools}
-        feed["memory_bytes"]["kv_pool"] = sum(pools[p].num_blocks * sizes[p] for p in pools)
-        feed["memory_bytes"]["kv_used"] = sum(pools[p].num_used_blocks * sizes[p] for p in pools)
-    else:
-        name = dtype_name(layout.dtype)
-        feed["engine"]["kv_cache_dtype"] = name
-        feed["kv"]["sequences_by_dtype"] = {name: running}
-    return feed
+        return KVFeed(
+            names[block_manager.mode],
+            {names[p]: counts[p] for p in pools},
+            sum(pools[p].num_blocks * sizes[p] for p in pools),
+            sum(pools[p].num_used_blocks * sizes[p] for p in pools),
+        )
+    name = dtype_name(layout.dtype)
+    per_block = runner.bytes_per_block
+    return KVFeed(name, {name: running}, runner.num_kv_blocks * per_block, block_manager.num_used_blocks * per_block)
