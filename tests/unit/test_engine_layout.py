@@ -76,6 +76,36 @@ def test_no_module_imports_one_that_imports_it_back():
     assert _cycles(graph) == []
 
 
+# docs/dev/architecture.md's layers, ground first: a module imports only from its level or below
+LEVELS = [
+    ["config", "context", "kernels", "sampling_params", "tokenizer", "metrics.stats_contract"],
+    ["core", "layers"],
+    ["models", "metrics"],
+    ["validation"],
+    ["strategies"],
+    ["worker", "step_hooks"],
+    ["llm_engine"],
+    ["llm", "server", "make_model"],
+]
+
+
+def _level(module: str) -> int:
+    """The level of a kvpilot.engine module: its longest matching prefix in LEVELS (the package: top)."""
+    rest = module.removeprefix("kvpilot.engine").removeprefix(".")
+    matches = [(len(n), i) for i, names in enumerate(LEVELS) for n in names if rest == n or rest.startswith(n + ".")]
+    return max(matches)[1] if matches else len(LEVELS) - 1
+
+
+def test_engine_modules_import_only_their_level_or_below():
+    graph = _import_graph()
+    upward = [
+        f"{a} (level {_level(a)}) -> {b} (level {_level(b)})"
+        for a, targets in graph.items() if a.startswith("kvpilot.engine")
+        for b in targets if b.startswith("kvpilot.engine") and _level(b) > _level(a)
+    ]  # fmt: skip
+    assert upward == []
+
+
 def test_the_engine_root_holds_under_ten_files():
     files = sorted(p.name for p in (PACKAGE / "engine").iterdir() if p.is_file())
     assert len(files) < 10, files
