@@ -1,4 +1,4 @@
-"""Runtime validation (seed 000, 6.5): compare one layer's approximate attention with the exact one.
+"""Runtime validation: compare one layer's approximate attention with the exact one.
 
 Every `validate_every` decode tokens on sampled sequences the engine computes both outputs; a
 cosine below the threshold (0.92) moves the sequence to the exact path where one exists.

@@ -1,20 +1,9 @@
-"""Runtime validation and fallback (seed 000, 6.5) around whatever approximation serves a sequence.
+"""Runtime validation and fallback around whatever approximation serves a sequence.
 
-Every `validate_every` decode tokens of a sampled sequence (sampling by a hash of the request id,
-`validation_sample_rate`), the decode step captures ONE layer's attention output for that
-sequence's query as served (the approximate path), and an `ApproximationCheck` computes the
-exact output for the same token at the same layer. `attention_cosine` (cosine.py) compares the two [Hq, head_dim] outputs, heads concatenated. Below `validation_threshold` (0.92)
-the check moves the sequence to its exact path (a per-sequence flag, `seq.exact_path`), the feed
-counts `validation.fallbacks_total{reason}` and a warning is logged. Every comparison counts in
-`checks_total` and sets `last_cosine`.
-
-What is compared for the checks defined here (`DenseRecompute`): the exact side is the model run
-densely (no KV cache, full causal attention in the model dtype) over the sequence's tokens up to
-and including the validated one, and its attention output at the validated layer for the last
-token. Both sides therefore see the same tokens; the exact side sees every one of them at full
-precision, the served side sees what the approximation left (evicted blocks gone, 8-bit K/V).
-Differences in earlier layers' outputs propagate into the compared layer on the served side, so
-the cosine measures the approximation's accumulated effect at that layer, as the user sees it.
+Every `validate_every` decode tokens of a sampled sequence, the decode step captures one layer's
+served attention output and each `ApproximationCheck` that applies computes the exact one
+(`DenseRecompute`: a dense, cache-free pass); a cosine below `validation_threshold` moves the
+sequence to its exact path. What is compared and why: docs/long_context.md, "Runtime validation".
 """
 
 from __future__ import annotations

@@ -1,22 +1,8 @@
 """KV eviction for long context: attention sinks + a recent window, optionally a ladder. Torch-free.
 
-Granularity is the paged block: whole blocks are dropped from a sequence's block table and go
-back to the free list at once, so no K/V is copied (compaction would move every kept entry each
-time the window slides). A block table with holes still reads as one contiguous "view" for the
-attention kernels: kept blocks in logical order, then the partly filled tail. Keys were rotated
-by RoPE at their original positions before they were stored, and queries are rotated at their
-true positions, so every token keeps its position; the kernels only see a shorter context
-(`len(seq) - seq.num_evicted_tokens`). The causal mask inside a prefill chunk is unaffected
-because a chunk is always the newest tokens of the view.
-
-Policies, over the sequence's full blocks (the partly filled tail block is never evicted):
-- `none`: keep everything (today's behaviour, bit for bit).
-- `sinks`: the first `sink_blocks` blocks (attention sinks) and the newest `window_blocks`.
-- `ladder`: sinks and window as above; blocks older than the window are kept ever more sparsely
-  (LaCache's ladder, seed 004): in the first `span` blocks before the window every 2nd block (by
-  absolute block index), in the next `span` every 4th, then every 8th... A block dropped once
-  stays dropped as the sequence grows (keep(j) only ever turns from True to False), so the kept
-  set is a pure function of the sequence's length and needs no per-block bookkeeping.
+Whole blocks leave a sequence's block table and go back to the free list (no K/V is copied); keys
+keep their RoPE positions and the kernels see a shorter context. Policies (`none`, `sinks`,
+`ladder`), positions and the ladder's shape: docs/long_context.md, "Eviction".
 """
 
 from __future__ import annotations
