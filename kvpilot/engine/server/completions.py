@@ -308,8 +308,8 @@ async def respond(request: Request, runtime: ServerRuntime, result: ResultLog, s
 
 
 async def _stream(result: ResultLog) -> AsyncIterator[str]:
-    async for event in result.read():
-        yield event
+    async for text in result.read_text():
+        yield text
     if result.error is not None:
         error = _client_visible(result.error)
         yield sse(error_body(error.status, error.message, code=error.code))

@@ -117,6 +117,26 @@ class ResultLog:
             if self.readers == 0 and not self.done and self._task is not None:
                 self._task.cancel()
 
+    async def read_text(self) -> AsyncIterator[str]:
+        """As `read`, for a streamed log (its events are SSE strings): the events already there are
+        joined into one string, so a client that fell behind gets one write, not one per event."""
+        self.readers += 1
+        try:
+            index = 0
+            while True:
+                if index < len(self.events):
+                    batch = self.events[index:]
+                    index += len(batch)
+                    yield batch[0] if len(batch) == 1 else "".join(batch)
+                    continue
+                if self.done:
+                    return
+                await self._changed.wait()
+        finally:
+            self.readers -= 1
+            if self.readers == 0 and not self.done and self._task is not None:
+                self._task.cancel()
+
 
 def event_bytes(event: Any) -> int:
     """Bytes one event holds in memory: the string object, or a whole response's JSON size."""
