@@ -1,4 +1,4 @@
-"""`kvpilot demo`, the README's main job, runs end to end and reports real metrics."""
+"""`kvpilot demo --engine-only` (the engine alone) runs end to end and reports real metrics."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.service
 
 def test_demo_serves_and_reports_mission_metrics(tmp_path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "kvpilot.cli", "demo", "--workdir", str(tmp_path),
+        [sys.executable, "-m", "kvpilot.cli", "demo", "--engine-only", "--workdir", str(tmp_path),
          "--requests", "6", "--concurrency", "3", "--max-tokens", "6"],
         capture_output=True, text=True, timeout=600,
     )

@@ -1,4 +1,4 @@
-"""`kvpilot demo`: the main job, end to end on one machine (CPU is enough).
+"""`kvpilot demo --engine-only`: one engine on one machine (CPU is enough), no cluster.
 
 1. Plan: what each memory strategy buys on one H200 for a Llama-3-8B-shaped model (planner only).
 2. Serve: a small random checkpoint behind `kvpilot serve`, with `kvpilot sidecar` beside it.
