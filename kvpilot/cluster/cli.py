@@ -81,18 +81,17 @@ def run(args: argparse.Namespace) -> int:
                            gpu_memory_mib=args.gpu_memory_mib)
         cluster = LocalCluster(args.state_dir, nodes=args.nodes, node_spec=spec, start_timeout_s=args.timeout)
         try:
-            cluster.start()  # stops what it started if it fails
+            cluster.start()  # stops what it started if it fails; refuses a state dir in use
+        except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
+            print(f"kvpilot cluster up: {exc}", file=sys.stderr)
+            return 1  # no stop(): with a state dir in use it would delete a running cluster's files
+        try:
             if args.gateway_api:
                 from kvpilot.cluster import gateway_api
 
                 crds = gateway_api.install(cluster.api())
                 print(f"Gateway API {gateway_api.version()} standard channel: {len(crds)} CRDs installed",
                       file=sys.stderr)
-        except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
-            print(f"kvpilot cluster up: {exc}", file=sys.stderr)
-            cluster.stop()
-            return 1
-        try:
             _start_fleet(cluster, args.gateway, args.pod_runner)
         except (RuntimeError, TimeoutError) as exc:
             cluster.stop()

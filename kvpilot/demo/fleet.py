@@ -108,6 +108,7 @@ class FleetDemo:
         self._load_ctx: Any = None
         self.markers: list[report.Marker] = []
         self.rows: list[tuple[str, str]] = []
+        self.summary: dict[str, Any] = {}
         self.t0 = time.time()
         self.load_started = 0.0
         self.stage_no = 0
@@ -287,6 +288,9 @@ class FleetDemo:
                                        f"(phase {canary.get('phase')}); operator log {self.work / 'operator.log'}")
                 time.sleep(0.5)
         outcome = f"{canary.get('phase')}: {canary.get('message', '')}"
+        self.summary.setdefault("rollouts", []).append(
+            {"stage": stage, "phase": canary.get("phase"), "reason": canary.get("reason"),
+             "verdicts": [(a.get("verdict"), a.get("reason")) for a in canary.get("analyses") or []]})
         self.console.print(f"  [bold]{outcome}[/bold]")
         for track, current, previous in live.lineage_rows(self.lineage()):
             self.console.print(f"  lineage {track}: {current} (previous: {previous})")
@@ -317,6 +321,8 @@ class FleetDemo:
         on_canary = [o.sent_s + self.load_started - flagged for o in sent_since if o.strategy == strategy]
         failed = sum(not o.ok for o in sent_since)
         rollback_s = max(on_canary, default=0.0)
+        self.summary["manual_rollback"] = {"last_canary_request_after_flag_s": rollback_s,
+                                           "requests_since_flag": len(sent_since), "failed_since_flag": failed}
         self.console.print(f"  the last request on the canary was sent {rollback_s:.2f} s after the flag; "
                            f"{len(sent_since)} requests since, {failed} failed")
         return outcome, rollback_s
@@ -338,6 +344,8 @@ class FleetDemo:
         rows = [("requests through the gateway", f"{s['requests']} ({s['failed']} failed)"),
                 ("served by strategy", json.dumps(s["by_strategy"])), *self.rows]
         page = report.write_html(out / "report.html", png, "kvpilot demo report", rows)
+        (out / "summary.json").write_text(json.dumps({**self.summary, "load": s,
+                                                      "wall_s": time.time() - self.t0}, indent=1, default=str))
         self.console.print(f"  report: {page}\n  chart:  {png}")
 
     def cleanup(self) -> None:

@@ -12,7 +12,6 @@ Skipped with a message when not root (network namespaces) or nginx is missing.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvpilot.cluster import gateway_api
 from kvpilot.cluster.api import ApiClient, ApiError
 from kvpilot.cluster.gateway.nginx_process import nginx_missing
 from kvpilot.cluster.local import LocalCluster
@@ -34,41 +34,12 @@ from kvpilot.cluster.podrunner.netns import unavailable
 SMALL_ENGINE = ("--max-model-len", "256", "--max-num-seqs", "8", "--num-kv-blocks", "128")
 
 
-def _install_gateway_api(api: ApiClient) -> None:
-    try:
-        from kvpilot.cluster import gateway_api  # rollout-io's installer (branch `rollout`)
-    except ImportError:
-        _install_from_go_cache(api)
-        return
-    gateway_api.install(api)
-
-
-def _install_from_go_cache(api: ApiClient) -> None:
-    """Until kvpilot.cluster.gateway_api is on main: the three CRDs the gateway needs, straight from
-    Go's module cache."""
-    import glob
-
-    import yaml
-
-    root = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True,
-                          env={**os.environ, "PATH": f"{os.environ.get('PATH', '')}:/usr/local/go/bin"}).stdout.strip()
-    for kind in ("gatewayclasses", "gateways", "httproutes"):
-        (path,) = glob.glob(f"{root}/sigs.k8s.io/gateway-api@v1.6.3/config/crd/standard/*_{kind}.yaml")
-        crd = yaml.safe_load(Path(path).read_text())
-        name = crd["metadata"]["name"]
-        if not api.exists(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"):
-            api.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
-        wait(lambda name=name: any(c["type"] == "Established" and c["status"] == "True" for c in api.request(
-            "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}").get("status", {}).get(
-            "conditions") or []), f"CRD {name} established")
-
-
 @pytest.fixture(scope="session")
 def local_fleet(k8s_cluster: LocalCluster) -> Iterator[LocalCluster]:
     why = nginx_missing() or unavailable()
     if why:
         pytest.skip(f"local fleet unavailable: {why}")
-    _install_gateway_api(k8s_cluster.api())
+    gateway_api.install(k8s_cluster.api())
     k8s_cluster.start_fleet()
     try:
         yield k8s_cluster
