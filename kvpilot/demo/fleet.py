@@ -344,7 +344,9 @@ class FleetDemo:
         rows = [("requests through the gateway", f"{s['requests']} ({s['failed']} failed)"),
                 ("served by strategy", json.dumps(s["by_strategy"])), *self.rows]
         page = report.write_html(out / "report.html", png, "kvpilot demo report", rows)
-        (out / "summary.json").write_text(json.dumps({**self.summary, "load": s,
+        failures = [{"sent_s": round(o.sent_s, 2), "status": o.status, "error": o.error[:200]}
+                    for o in self.load.outcomes if not o.ok]
+        (out / "summary.json").write_text(json.dumps({**self.summary, "load": s, "failures": failures,
                                                       "wall_s": time.time() - self.t0}, indent=1, default=str))
         self.console.print(f"  report: {page}\n  chart:  {png}")
 
