@@ -175,6 +175,19 @@ class LocalCluster:
             if not processes.is_alive(self.pids[name], sys.executable):  # died at once: bad flags, no root
                 raise RuntimeError(f"{name} exited during start-up{processes._log_tail(self.log_path(name))}")
 
+    def restart_apiserver(self, down_s: float = 0.0) -> float:
+        """Stop kube-apiserver (SIGTERM), keep it down `down_s`, start it again on the same port with
+        the same etcd, and wait for /readyz; returns the seconds it was unreachable. Clients and
+        the other components must reconnect by themselves (fault tests, issue 22)."""
+        began = time.monotonic()
+        processes.terminate(self.pids["kube-apiserver"], self.binaries.get("kube-apiserver"))
+        time.sleep(down_s)
+        keys = self.pki
+        self._spawn("kube-apiserver", self._apiserver_args(keys))
+        tls = processes.client_tls(keys.ca_cert, keys.admin_cert, keys.admin_key)
+        self._wait("kube-apiserver", lambda: processes.http_ok(f"{self.server}/readyz", tls), self.start_timeout_s)
+        return time.monotonic() - began
+
     @property
     def prometheus_url(self) -> str:
         """The fleet's Prometheus (after `start_fleet`)."""

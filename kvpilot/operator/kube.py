@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import ssl
 import threading
 import time
@@ -13,6 +15,8 @@ from typing import Any
 import httpx
 
 from kvpilot.operator import constants as c
+
+_KILL_AFTER_WRITES = int(os.environ.get("KVPILOT_TEST_SIGKILL_AFTER_WRITES") or 0)  # test-only; 0 = off
 
 # Kinds this operator writes, and their plural resource names.
 PLURALS = {"ConfigMap": "configmaps", "Deployment": "deployments", "Service": "services",
@@ -50,6 +54,7 @@ class Kube:
         self._http = httpx.Client(base_url=server, verify=tls, headers=headers, timeout=30.0, limits=limits)
         self._lock = threading.Lock()
         self.requests: Counter[str] = Counter()
+        self._writes = 0
         self._crds: dict[str, tuple[float, bool]] = {}
         self.last_seen: dict[tuple[str, str], dict[str, Any]] = {}  # InferenceServices, for status_writer
 
@@ -76,7 +81,17 @@ class Kube:
                                       headers={"Content-Type": content_type})
         if response.status_code >= 400:
             raise KubeError(method, path, response.status_code, response.text)
+        if _KILL_AFTER_WRITES and method != "GET":
+            self._count_write_or_die()
         return response.json() if response.content else {}
+
+    def _count_write_or_die(self) -> None:
+        """Test-only fault (KVPILOT_TEST_SIGKILL_AFTER_WRITES=N): SIGKILL this process right after
+        its N-th successful write, so a cluster test can stop a reconcile between two writes."""
+        with self._lock:
+            self._writes += 1
+            if self._writes >= _KILL_AFTER_WRITES:
+                os.kill(os.getpid(), signal.SIGKILL)
 
     def get(self, path: str) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""
