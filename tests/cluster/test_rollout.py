@@ -47,7 +47,8 @@ CANARY_ENGINES = {  # engine -> `kvpilot serve` flags
     "gqa": ("--attention", "gqa", "--kv-head-groups", "1", "--kv-cache-dtype", "bfloat16"),
 }
 SERVICES = {"promote": "int8", "manual": "int8", "faulty": "faulty", "gqa": "gqa", "flag": "int8",
-            "restart": "int8", "noprom": "int8"}
+            "restart": "int8", "noprom": "int8",
+            "apirestart": "int8"}
 
 
 # Started by the fixture right after the operator, so that they run while the promotion test does;
@@ -524,3 +525,29 @@ def test_prometheus_down_during_analysis_is_inconclusive_and_never_promotes(env:
     assert analysis["verdict"] == "inconclusive" and analysis["reason"] == "ProviderUnavailable", analysis
     assert route_weight(env, name) == 0
     assert "AnalysisInconclusive" in [r for r, _ in events(env, name)]
+
+
+def test_api_server_restart_mid_rollout_resumes_without_duplicates(env: dict[str, Any], k8s_cluster) -> None:  # type: ignore[no-untyped-def]
+    """Issue 22: kube-apiserver stopped for 3 s and started again in the middle of a step; the same
+    operator process reconnects, the rollout finishes, no child or step is duplicated."""
+    name = "apirestart"
+    create(env, manifest(env, name, {"strategy": {"kvCacheDtype": "int8"}, "analysis": {**ANALYSIS,
+                                                                                         "failureLimit": 2}}))
+    operator: Operator = env["operator"]
+    with Recorder(env, name) as rec:
+        wait_canary(env, name, lambda s: s.get("weight") == 5, "5%", 60)
+        time.sleep(1.0)
+        down_s = k8s_cluster.restart_apiserver(down_s=3.0)
+        print(f"kube-apiserver unreachable for {down_s:.1f} s")
+        done = wait_canary(env, name, lambda s: s.get("phase") in ("Promoted", "RolledBack", "Failed"), "done", 120)
+    assert operator.proc is not None and operator.proc.poll() is None, "the operator died with the API server"
+    assert done["phase"] == "Promoted", done
+    passes = [a["step"] for a in done["analyses"] if a["verdict"] == "pass"]
+    assert passes == [0, 1], done["analyses"]
+    assert rec.route_weights()[-2:] == [100, 0], rec.seen
+    deployments = env["apps"].list_namespaced_deployment(env["ns"], label_selector=f"kvpilot.io/service={name}")
+    assert [d.metadata.name for d in deployments.items] == [f"{name}-stable"]
+    routes = env["kube"].get(f"/apis/gateway.networking.k8s.io/v1/namespaces/{env['ns']}/httproutes")
+    assert [r["metadata"]["name"] for r in routes["items"]].count(name) == 1
+    started = [m for r, m in events(env, name) if r == "StepStarted"]
+    assert len(started) == len(set(started)) == 2, started
