@@ -513,20 +513,6 @@ def test_operator_killed_mid_rollout_resumes_without_repeating_a_step(env: dict[
     assert len(started) == len(set(started)) == 2, started  # step 0 and step 1, each once
 
 
-def test_prometheus_down_during_analysis_is_inconclusive_and_never_promotes(env: dict[str, Any]) -> None:
-    name = "noprom"
-    create(env, manifest(env, name, {"strategy": {"kvCacheDtype": "int8"}, "analysis": {**ANALYSIS,
-                                                                                         "failureLimit": 1}}))
-    wait_canary(env, name, lambda s: s.get("weight") == 1 and s.get("stepStartedAt"), "1%")
-    env["prom"].stop()
-    done = wait_canary(env, name, lambda s: s.get("phase") in ("Promoted", "RolledBack", "Failed"), "done", 60)
-    assert done["phase"] == "RolledBack" and done["reason"] == "FailureLimitReached", done
-    [analysis] = done["analyses"]
-    assert analysis["verdict"] == "inconclusive" and analysis["reason"] == "ProviderUnavailable", analysis
-    assert route_weight(env, name) == 0
-    assert "AnalysisInconclusive" in [r for r, _ in events(env, name)]
-
-
 def test_api_server_restart_mid_rollout_resumes_without_duplicates(env: dict[str, Any], k8s_cluster) -> None:  # type: ignore[no-untyped-def]
     """Issue 22: kube-apiserver stopped for 3 s and started again in the middle of a step; the same
     operator process reconnects, the rollout finishes, no child or step is duplicated."""
@@ -551,3 +537,18 @@ def test_api_server_restart_mid_rollout_resumes_without_duplicates(env: dict[str
     assert [r["metadata"]["name"] for r in routes["items"]].count(name) == 1
     started = [m for r, m in events(env, name) if r == "StepStarted"]
     assert len(started) == len(set(started)) == 2, started
+
+
+# Last: it stops the shared Prometheus for good.
+def test_prometheus_down_during_analysis_is_inconclusive_and_never_promotes(env: dict[str, Any]) -> None:
+    name = "noprom"
+    create(env, manifest(env, name, {"strategy": {"kvCacheDtype": "int8"}, "analysis": {**ANALYSIS,
+                                                                                         "failureLimit": 1}}))
+    wait_canary(env, name, lambda s: s.get("weight") == 1 and s.get("stepStartedAt"), "1%")
+    env["prom"].stop()
+    done = wait_canary(env, name, lambda s: s.get("phase") in ("Promoted", "RolledBack", "Failed"), "done", 60)
+    assert done["phase"] == "RolledBack" and done["reason"] == "FailureLimitReached", done
+    [analysis] = done["analyses"]
+    assert analysis["verdict"] == "inconclusive" and analysis["reason"] == "ProviderUnavailable", analysis
+    assert route_weight(env, name) == 0
+    assert "AnalysisInconclusive" in [r for r, _ in events(env, name)]
