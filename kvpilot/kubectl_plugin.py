@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -147,11 +146,9 @@ def patch_for(command: str, obj: Mapping[str, Any], clear: bool = False) -> dict
 
 
 def _kube(kubeconfig: str | None) -> Any:
-    if kubeconfig:
-        os.environ["KUBECONFIG"] = kubeconfig
     from kvpilot.operator.kube import Kube
 
-    return Kube.from_environment()
+    return Kube.from_environment(config_file=kubeconfig)
 
 
 def _namespace(args: argparse.Namespace) -> str:
@@ -184,6 +181,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PluginError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # no kubeconfig, API server unreachable, refused: say which, no traceback
+        console.print(f"[red]error:[/red] {_explain(exc)}")
+        return 1
+
+
+def _explain(exc: Exception) -> str:
+    """A user's view of what went wrong talking to the cluster."""
+    import httpx
+
+    from kvpilot.operator.kube import KubeError
+
+    kind = type(exc).__name__
+    if kind == "ConfigException":
+        return (f"no usable kubeconfig ({exc}); pass --kubeconfig FILE, set $KUBECONFIG, "
+                "or run `eval \"$(kvpilot cluster env)\"` for the local cluster")
+    if isinstance(exc, httpx.TransportError):
+        return f"cannot reach the API server ({kind}: {exc}); is the cluster up and the kubeconfig's server right?"
+    if isinstance(exc, KubeError):
+        if exc.status == 404:
+            return f"{exc}: is the InferenceService CRD installed (crds/ or the Helm chart)?"
+        if exc.status in (401, 403):
+            return f"{exc}: your credentials may not read or patch inferenceservices in this namespace"
+        return str(exc)
+    return f"{kind}: {exc}"
 
 
 def _run(args: argparse.Namespace, console: Console) -> int:

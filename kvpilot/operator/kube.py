@@ -59,15 +59,23 @@ class Kube:
         self.last_seen: dict[tuple[str, str], dict[str, Any]] = {}  # InferenceServices, for status_writer
 
     @classmethod
-    def from_environment(cls) -> Kube:
-        """In-cluster service account, else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
+    def from_environment(cls, config_file: str | None = None) -> Kube:
+        """`config_file`, else the in-cluster service account, else $KUBECONFIG or ~/.kube/config.
+
+        $KUBECONFIG is read here, not when the kubernetes package was first imported (its default
+        location is fixed at import time).
+        """
         from kubernetes import client, config
 
         cfg = client.Configuration()
-        try:
-            config.load_incluster_config(client_configuration=cfg)
-        except config.ConfigException:
-            config.load_kube_config(client_configuration=cfg)
+        if config_file:
+            config.load_kube_config(config_file=config_file, client_configuration=cfg)
+        else:
+            try:
+                config.load_incluster_config(client_configuration=cfg)
+            except config.ConfigException:
+                config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None,
+                                        client_configuration=cfg)
         cert = (cfg.cert_file, cfg.key_file) if cfg.cert_file else None
         token = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
         return cls(cfg.host, ca_file=cfg.ssl_ca_cert, cert=cert, token=token, verify=bool(cfg.verify_ssl))

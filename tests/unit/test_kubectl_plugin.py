@@ -59,3 +59,28 @@ def test_rollback_is_the_annotation_and_resume_unpauses() -> None:
     assert patch_for("resume", OBJ) == {"spec": {"canary": {"paused": False}}}
     with pytest.raises(PluginError, match=r"no spec\.canary"):
         patch_for("resume", {"metadata": {"name": "x"}, "spec": {}})
+
+
+def test_no_kubeconfig_is_a_clear_error_not_a_traceback(tmp_path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from kvpilot.kubectl_plugin import main
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    assert main(["rollout", "status", "svc", "-n", "default"]) == 1
+    out = capsys.readouterr().out
+    assert "no usable kubeconfig" in out and "--kubeconfig" in out and "Traceback" not in out
+
+
+def test_unreachable_api_server_is_named(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from kvpilot.kubectl_plugin import main
+
+    config = tmp_path / "kubeconfig"
+    config.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "k", "cluster": {"server": "http://127.0.0.1:9", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u", "namespace": "ns"}}],
+    }))
+    assert main(["rollout", "promote", "svc", "--kubeconfig", str(config)]) == 1
+    out = capsys.readouterr().out
+    assert "cannot reach the API server" in out and "Traceback" not in out
