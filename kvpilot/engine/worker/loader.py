@@ -7,7 +7,6 @@ skipped tensors are counted and logged once per reason, never read.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections import Counter
@@ -18,6 +17,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 from tqdm import tqdm
+
+from kvpilot.checkpoint_digest import file_sha256
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -56,12 +57,7 @@ def weight_files(model_dir: str | Path) -> list[Path]:
     raise FileNotFoundError(f"no weights in {root}: expected {SINGLE_FILE}, or shards listed in {INDEX_FILE}")
 
 
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+sha256_file = file_sha256  # one implementation, shared with `kvpilot digest` (torch-free)
 
 
 def verify_sha256(model_dir: str | Path, expected: dict[str, str]) -> None:
