@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.test_operator import REPO, Kubectl, OperatorProcess, manifest
+from tests.cluster.test_operator import Kubectl, OperatorProcess, manifest
 from tests.harness.cluster import k8s_api_client, unique_namespace, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -68,8 +68,7 @@ class Env:
 @pytest.fixture(scope="module")
 def env(k8s_cluster, tmp_path_factory) -> Iterator[Env]:  # type: ignore[no-untyped-def]
     e = Env(k8s_cluster, tmp_path_factory.mktemp("faults"))
-    e.kubectl("apply", "-f", str(REPO / "crds" / "inferenceservices.kvpilot.io.yaml"))
-    e.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/inferenceservices.kvpilot.io")
+    e.kubectl.install_crd()
     try:
         yield e
     finally:

@@ -61,6 +61,11 @@ class Kubectl:
     def apply(self, obj: dict[str, Any], check: bool = True) -> subprocess.CompletedProcess:
         return self("apply", "-f", "-", stdin=yaml.safe_dump(obj), check=check)
 
+    def install_crd(self) -> None:
+        """The InferenceService CRD from crds/, applied and Established (idempotent)."""
+        self("apply", "-f", str(REPO / "crds" / "inferenceservices.kvpilot.io.yaml"))
+        self("wait", "--for=condition=Established", "--timeout=60s", "crd/inferenceservices.kvpilot.io")
+
     def get(self, *args: str) -> dict[str, Any]:
         return json.loads(self("get", *args, "-o", "json").stdout)
 
@@ -123,8 +128,7 @@ def env(k8s_cluster, tmp_path_factory):  # type: ignore[no-untyped-def]
     from kubernetes import client
 
     kubectl = Kubectl(k8s_cluster.kubeconfig)
-    kubectl("apply", "-f", str(REPO / "crds" / "inferenceservices.kvpilot.io.yaml"))
-    kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/inferenceservices.kvpilot.io")
+    kubectl.install_crd()
     api_client = k8s_api_client(k8s_cluster)
     core = client.CoreV1Api(api_client)
     namespace = unique_namespace(core, "op")

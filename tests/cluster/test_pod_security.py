@@ -18,7 +18,7 @@ import pytest
 from kvpilot.operator.builders import build_deployment
 from kvpilot.operator.preflight import preflight
 from kvpilot.operator.spec import ServiceSpec
-from tests.cluster.test_operator import REPO, Kubectl, OperatorProcess, manifest
+from tests.cluster.test_operator import Kubectl, OperatorProcess, manifest
 from tests.harness.cluster import k8s_api_client, unique_namespace, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -29,8 +29,7 @@ def env(k8s_cluster, tmp_path_factory):  # type: ignore[no-untyped-def]
     from kubernetes import client
 
     kubectl = Kubectl(k8s_cluster.kubeconfig)
-    kubectl("apply", "-f", str(REPO / "crds" / "inferenceservices.kvpilot.io.yaml"))
-    kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/inferenceservices.kvpilot.io")
+    kubectl.install_crd()
     api_client = k8s_api_client(k8s_cluster)
     core = client.CoreV1Api(api_client)
     namespace = unique_namespace(core, "pss")
