@@ -15,6 +15,7 @@ from kvpilot.engine.metrics.stats import EngineStats, build_feed
 from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.step_hooks import StepHooks
 from kvpilot.engine.strategies.kv_quant.pools import build_block_manager, kv_feed
+from kvpilot.engine.structured.matchers import StructuredOutput
 from kvpilot.engine.tokenizer import Tokenizer
 from kvpilot.engine.worker.model_runner import ModelRunner
 from kvpilot.engine.worker.sampler import TopLogprobs
@@ -50,6 +51,9 @@ class LLMEngine:
         self.tokenizer = Tokenizer(config.model, self.model_config.eos_token_ids)
         self.runner = ModelRunner(config, self.model_config)
         self.runner.eos_token_ids = self.tokenizer.eos_token_ids  # the tokenizer's EOS too (min_tokens)
+        # grammar matchers of structured requests; the runner masks their rows' logits with them
+        self.structured = StructuredOutput(self.tokenizer, self.model_config.vocab_size, self.tokenizer.eos_token_ids)
+        self.runner.structured = self.structured
         self.max_model_len = self._max_model_len()
         self.block_manager = build_block_manager(  # two pools under kv_cache_dtype=auto switching
             config,
@@ -105,7 +109,13 @@ class LLMEngine:
         if params.logit_bias and max(params.logit_bias) >= vocab:
             raise ValueError(f"logit_bias token id {max(params.logit_bias)} is out of range [0, {vocab})")
         seq = Sequence(request_id, prompt_token_ids, params)
-        self.scheduler.add(seq)
+        if params.structured is not None:  # compiled (or cached) before anything else holds state
+            self.structured.add(request_id, params.structured)
+        try:
+            self.scheduler.add(seq)
+        except BaseException:
+            self.structured.release(request_id)
+            raise
         self._seqs[request_id] = seq
         self._texts[request_id] = ""
         self.stats_state.prompt_tokens_total += len(seq)
@@ -190,6 +200,7 @@ class LLMEngine:
     def _forget(self, seq: Sequence) -> None:
         self._seqs.pop(seq.request_id, None)
         self._texts.pop(seq.request_id, None)
+        self.structured.release(seq.request_id)
         self.runner.release(seq.request_id)
 
     # -- scoring and stats ---------------------------------------------------------------

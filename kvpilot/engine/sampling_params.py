@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvpilot.engine.structured.spec import StructuredSpec
+
 MAX_LOGPROBS = 20  # most likely alternatives returned per token
 
 
@@ -25,7 +27,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # HF/vLLM: divide positive, multiply negative logits of seen tokens
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     min_tokens: int = 0  # EOS and stop_token_ids cannot be sampled before this many tokens
-
+    structured: StructuredSpec | None = None  # the output follows this grammar (engine/structured/)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -74,6 +76,15 @@ class SamplingParams:
         _check(
             self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
             f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}",
+        )
+
+        _check(
+            self.structured is None or isinstance(self.structured, StructuredSpec),
+            f"structured must be a StructuredSpec or None, got {type(self.structured).__name__}",
+        )
+        _check(
+            self.structured is None or not self.ignore_eos,
+            "ignore_eos cannot be combined with structured output: the grammar ends the output with EOS",
         )
 
     @property

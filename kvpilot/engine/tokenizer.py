@@ -39,6 +39,11 @@ class Tokenizer:
         return self.eos_token_ids[0] if self.eos_token_ids else None
 
     @property
+    def backend(self) -> HFTokenizer:
+        """The `tokenizers.Tokenizer` underneath (structured output reads its vocabulary)."""
+        return self._tok
+
+    @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 

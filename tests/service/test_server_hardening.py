@@ -151,10 +151,9 @@ def test_strict_types(server: ServerProcess, field: str, value: Any, kind: str) 
 
 @pytest.mark.parametrize(
     ("extra", "param"),
-    [({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"), ({"tool_choice": "auto"}, "tool_choice"),
-     ({"response_format": {"type": "json_object"}}, "response_format")],
+    [({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"), ({"tool_choice": "auto"}, "tool_choice")],
 )  # fmt: skip
-def test_tools_and_response_format_are_refused_by_name(server: ServerProcess, extra: dict, param: str) -> None:
+def test_tools_are_refused_by_name(server: ServerProcess, extra: dict, param: str) -> None:
     body = {"model": SERVED_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **extra}
     error = _error(httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=30), 400)
     assert error["param"] == param and error["code"] == "unsupported_parameter"

@@ -34,7 +34,10 @@ from kvpilot.engine.server.protocol import SEED_LIMIT, ChatCompletionRequest, Co
 from kvpilot.engine.server.responses import Usage
 from kvpilot.engine.server.result_log import ResultLog
 from kvpilot.engine.server.runtime import ServerRuntime
+from kvpilot.engine.server.structured_request import structured_spec
 from kvpilot.engine.server.text_checks import check_unicode, prompt_chars
+from kvpilot.engine.structured.compiler import GrammarError
+from kvpilot.engine.structured.spec import StructuredSpec
 
 log = logging.getLogger("kvpilot.server")
 
@@ -162,6 +165,7 @@ async def _prepare(
             runtime.record_rejection("invalid")
             raise APIError(400, f"logit_bias token id {max(ids)} is out of range: this vocabulary has ids "
                            f"0..{vocab_size - 1}", param="logit_bias")  # fmt: skip
+    structured = await _structured(runtime, req)
     default = None if chat else runtime.settings.default_completion_max_tokens
     requested = req.requested_max_tokens()
     longest = max(len(p) for p in prompts)
@@ -173,7 +177,29 @@ async def _prepare(
         admission.max_tokens_for(longest, None, 1)
         return prompts, sampling_params(req, 1), False
     max_tokens = admission.max_tokens_for(longest, requested, default)
-    return prompts, sampling_params(req, max_tokens), True
+    try:
+        return prompts, sampling_params(req, max_tokens, structured), True
+    except APIError:
+        runtime.record_rejection("invalid")
+        raise
+
+
+async def _structured(runtime: ServerRuntime, req: ChatCompletionRequest | CompletionRequest) -> StructuredSpec | None:
+    """The request's output constraint, compiled once here on the CPU pool (a 400 if it cannot be):
+    the engine thread then finds the grammar in the compiler's cache."""
+    try:
+        found = structured_spec(req)
+        if found is None:
+            return None
+        spec, param = found
+        try:
+            await runtime.run_cpu(runtime.engine.structured.compiler.compile, spec)
+        except GrammarError as exc:
+            raise APIError(400, f"{param}: {exc}", param=param, code="invalid_value") from exc
+    except APIError:
+        runtime.record_rejection("invalid")
+        raise
+    return spec
 
 
 async def _echoes(

@@ -7,6 +7,7 @@ from typing import Any
 from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.server.errors import APIError
 from kvpilot.engine.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from kvpilot.engine.structured.spec import StructuredSpec
 
 DEFAULT_TEMPERATURE = 1.0
 
@@ -15,11 +16,9 @@ def reject_unsupported(req: SamplingFields) -> None:
     """A 400 for options this server does not implement, instead of silently ignoring them."""
     if req.n not in (None, 1) and isinstance(req, CompletionRequest) and req.echo:
         _unsupported("n", f"n={req.n} with echo=true is not supported: echo scores the prompt once; send n=1")
-    for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
-                 "prompt_logprobs"):  # fmt: skip
-        if getattr(req, name) is not None:
-            _unsupported(name, f"{name} is not supported by this server (no structured output / prompt_logprobs); "
-                         f"remove {name!r} (for prompt log-probabilities use echo=true with logprobs)")  # fmt: skip
+    if req.prompt_logprobs is not None:
+        _unsupported("prompt_logprobs", "prompt_logprobs is not supported by this server; for prompt "
+                     "log-probabilities use echo=true with logprobs")  # fmt: skip
     if req.min_p not in (None, 0, 0.0):
         _unsupported("min_p", f"min_p={req.min_p} is not supported; use top_p / top_k, or send 0")
     if req.use_beam_search:
@@ -48,14 +47,6 @@ def _reject_chat_only(req: ChatCompletionRequest) -> None:
             _unsupported(
                 name, f"{name} is not supported yet: this server does not call tools; remove {name!r} from the request"
             )
-    fmt = req.response_format
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text" and len(fmt) == 1):
-        kind = fmt.get("type") if isinstance(fmt, dict) else type(fmt).__name__
-        _unsupported(
-            "response_format",
-            f"response_format {kind!r} is not supported yet: only {{'type': 'text'}}; structured output "
-            "(json_object, json_schema) is not enforced by this server, so remove response_format",
-        )
 
 
 def _unsupported(param: str, message: str) -> None:
@@ -136,7 +127,7 @@ def requested_logprobs(req: SamplingFields) -> int | None:
     return None
 
 
-def sampling_params(req: SamplingFields, max_tokens: int) -> SamplingParams:
+def sampling_params(req: SamplingFields, max_tokens: int, structured: StructuredSpec | None = None) -> SamplingParams:
     top_k = req.top_k if req.top_k not in (None, 0) else -1
     try:
         return SamplingParams(
@@ -153,6 +144,7 @@ def sampling_params(req: SamplingFields, max_tokens: int) -> SamplingParams:
             repetition_penalty=1.0 if req.repetition_penalty is None else float(req.repetition_penalty),
             logit_bias=logit_bias(req),
             min_tokens=min(req.min_tokens or 0, max_tokens),
+            structured=structured,
         )
     except ValueError as exc:
         raise APIError(400, str(exc), code="invalid_value") from exc

@@ -65,12 +65,18 @@ class SamplingFields(_Body):
     min_tokens: int | None = Field(default=None, ge=0, description="Extension: no EOS/stop token before this many.")
     ignore_eos: bool = Field(default=False, description="Extension: keep generating past EOS.")
     user: str | None = None
+    # Structured output (server/structured_request.py): at most one of these per request.
+    response_format: Any = Field(
+        default=None, description='{"type": "text" | "json_object" | "json_schema", "json_schema": {"schema": ...}}.'
+    )
+    guided_json: Any = Field(default=None, description="Extension (vLLM): a JSON schema the output follows.")
+    guided_regex: Any = Field(default=None, description="Extension (vLLM): a regular expression the output matches.")
+    guided_choice: Any = Field(default=None, description="Extension (vLLM): the output is exactly one of these strings.")
+    guided_grammar: Any = Field(default=None, description="Extension (vLLM): an EBNF grammar (xgrammar's dialect).")
+    structured_outputs: Any = Field(default=None, description="Extension (vLLM): {json|regex|choice|grammar|json_object}.")
+    guided_decoding_backend: Any = Field(default=None, description="Extension (vLLM): only 'xgrammar' or 'auto'.")
+    guided_whitespace_pattern: Any = Field(default=None, description="Not supported (400).")
     # vLLM extensions this server does not implement: accepted only to be refused with a 400 naming them.
-    guided_json: Any = Field(default=None, description="Not supported (400): no structured output yet.")
-    guided_regex: Any = Field(default=None, description="Not supported (400).")
-    guided_choice: Any = Field(default=None, description="Not supported (400).")
-    guided_grammar: Any = Field(default=None, description="Not supported (400).")
-    structured_outputs: Any = Field(default=None, description="Not supported (400).")
     min_p: float | None = Field(default=None, description="Not supported (400) unless 0.")
     use_beam_search: bool | None = Field(default=None, description="Not supported (400) unless false.")
     prompt_logprobs: int | None = Field(default=None, description="Not supported (400); use echo + logprobs.")
@@ -99,9 +105,6 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Any = Field(default=None, description="Not supported yet (400).")
     functions: Any = Field(default=None, description="Not supported (400).")
     function_call: Any = Field(default=None, description="Not supported (400).")
-    response_format: Any = Field(
-        default=None, description='Only {"type": "text"} is supported; json_object / json_schema are refused (400).'
-    )
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

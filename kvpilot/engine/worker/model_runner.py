@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -66,6 +68,7 @@ class ModelRunner:
         self.last_sample_rows: list[tuple[int, int]] = []
         self.last_logprobs: dict[int, tuple[float, TopLogprobs]] = {}  # scheduled index -> (log p, top)
         self.eos_token_ids: tuple[int, ...] = tuple(model_config.eos_token_ids)  # min_tokens masks them
+        self.structured: Any = None  # engine/structured/matchers.StructuredOutput, set by LLMEngine
         self.block_rows = BlockTableRows(rows=config.max_num_seqs)  # host mirror of the block tables
         self.stager = InputStager(self.device)  # the step's inputs to the device, one copy per dtype
         self._sample_index: torch.Tensor | None = None
@@ -246,6 +249,8 @@ class ModelRunner:
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         params = [s.params for s in seqs]
         logits = apply_logits_processors(logits, seqs, self.eos_token_ids)  # penalties, logit_bias, min_tokens
+        if self.structured is not None:
+            logits = self.structured.apply(logits, seqs)  # grammar token masks (structured output)
         if all(p.greedy for p in params):
             return logits.argmax(dim=-1)
         temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=self.device)
