@@ -82,13 +82,15 @@ def kv_cache_efficiency(m: str) -> str:
 
 
 def kv_cache_efficiency_over(m: str, window: str) -> str:
-    """The same ratio over a window: every scraped sample weighted by its allocated slots.
+    """The same ratio over a window, from the engines' token-slot-seconds counters.
 
-    An instant reading is NaN whenever the engines are idle at that moment; a step's analysis
-    wants the whole window.
+    Every step counts, not only the instants Prometheus scraped: sampled gauges read 0/0 (no data)
+    for a window whose scrapes all fell between short requests, which made a lightly loaded
+    canary's analysis inconclusive although it had served enough requests. No data now means
+    that no sequence held KV at all during the window.
     """
-    live = f"sum(sum_over_time({selector('kvpilot_kv_live_tokens', m)}[{window}]))"
-    allocated = f"sum(sum_over_time({selector('kvpilot_kv_allocated_tokens', m)}[{window}]))"
+    live = _sum_increase("kvpilot_kv_live_token_seconds_total", m, window)
+    allocated = _sum_increase("kvpilot_kv_allocated_token_seconds_total", m, window)
     return f"({live} / {allocated})"
 
 

@@ -11,7 +11,7 @@ import torch
 from kvpilot.engine.config import EngineConfig, ModelConfig
 from kvpilot.engine.core.scheduler import Scheduler
 from kvpilot.engine.core.sequence import Sequence
-from kvpilot.engine.metrics.stats import EngineStats, build_feed
+from kvpilot.engine.metrics.stats import EngineStats, build_feed, kv_occupancy
 from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.step_hooks import StepHooks
 from kvpilot.engine.strategies.kv_quant.pools import build_block_manager, kv_feed
@@ -138,8 +138,13 @@ class LLMEngine:
         scheduled = self.scheduler.schedule()
         for seq in scheduled.preempted:  # a preempted sequence's recurrent state is lost (a summary miss later)
             self.runner.release_state(seq.request_id)
+        stats = self.stats_state
         if scheduled.is_empty:
+            if not self.scheduler.running:
+                stats.kv_time.idle(time.monotonic())
             return outputs
+        block_size = self.block_manager.block_size
+        stats.kv_time.busy(time.monotonic(), lambda: kv_occupancy(self.scheduler.running, block_size))
         self.checks.before_run(scheduled)
         try:
             sampled = self.runner.run(scheduled)
@@ -148,7 +153,6 @@ class LLMEngine:
             raise
         self.scheduler.postprocess(scheduled, sampled)
         now = time.monotonic()
-        stats = self.stats_state
         step_logprobs = self.runner.last_logprobs
         for index, (item, token) in enumerate(zip(scheduled.scheduled, sampled, strict=True)):
             if token is None:
@@ -168,6 +172,8 @@ class LLMEngine:
             if finished:
                 self._forget(seq)
         self.checks.after_step(scheduled)
+        if not self.scheduler.running:
+            stats.kv_time.idle(time.monotonic())
         return outputs
 
     def _check_stop_strings(self, seq: Sequence) -> None:

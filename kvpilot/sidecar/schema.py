@@ -121,6 +121,13 @@ ENGINE: tuple[MetricSpec, ...] = (
     _g("kv_allocated_tokens", "tokens",
        "Token slots in blocks held by live sequences (efficiency denominator).",
        "kv.allocated_token_slots"),
+    _c("kv_live_token_seconds_total", "token_seconds",
+       "Live token slots integrated over time (every step counts, not only scrape instants): "
+       "KV efficiency over a window = increase(live) / increase(allocated).",
+       "kv.live_token_seconds_total"),
+    _c("kv_allocated_token_seconds_total", "token_seconds",
+       "Allocated token slots integrated over time (the efficiency-over-a-window denominator).",
+       "kv.allocated_token_seconds_total"),
     _g("kv_sequences", "",
        "Running sequences per KV cache dtype (kv_cache_dtype=auto puts new ones on int8 blocks "
        "at the batch-size threshold; engine_info's kv_cache_dtype is the current choice).",

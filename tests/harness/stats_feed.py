@@ -24,6 +24,7 @@ def make_feed(instance_id: str = "engine-a", **sections: Any) -> dict[str, Any]:
         "kv": {"block_size": 16, "bytes_per_block": 65536, "blocks_total": 200, "blocks_free": 150,
                "blocks_used": 40, "blocks_cached": 10, "live_token_slots": 600,
                "allocated_token_slots": 640, "efficiency": 600 / 640,
+               "live_token_seconds_total": 90.5, "allocated_token_seconds_total": 120.25,
                "sequences_by_dtype": {"bfloat16": 2, "int8": 1}},
         "prefix_cache": {"queried_tokens_total": 1000, "hit_tokens_total": 250},
         "memory_bytes": {"weights": 1_000_000, "kv_pool": 13_107_200, "kv_used": 2_621_440,

@@ -9,6 +9,7 @@ from typing import Any
 from kvpilot.engine.core.block_manager import BlockManager
 from kvpilot.engine.core.scheduler import Scheduler
 from kvpilot.engine.core.sequence import Sequence
+from kvpilot.engine.metrics.kv_time import KvOccupancyIntegral
 from kvpilot.engine.metrics.stats_contract import FALLBACK_REASONS, REJECT_REASONS, SCHEMA_VERSION, Histogram
 
 
@@ -27,6 +28,7 @@ class EngineStats:
         self.ttft = Histogram()
         self.tpot = Histogram()
         self.e2e = Histogram()
+        self.kv_time = KvOccupancyIntegral(time.monotonic())  # token-slot-seconds (kv_time.py says why)
 
     def record_rejection(self, reason: str) -> None:
         self.rejected_total[reason] = self.rejected_total.get(reason, 0) + 1
@@ -91,6 +93,7 @@ def build_feed(
     running = list(scheduler.running)
     bm = block_manager
     live, allocated = kv_occupancy(running, bm.block_size)
+    live_seconds, allocated_seconds = stats.kv_time.totals(time.monotonic())
     kv_extra = {} if sequences_by_dtype is None else {"sequences_by_dtype": sequences_by_dtype}
     return {
         "schema_version": SCHEMA_VERSION,
@@ -109,6 +112,8 @@ def build_feed(
             "live_token_slots": live,
             "allocated_token_slots": allocated,
             "efficiency": live / allocated if allocated else None,
+            "live_token_seconds_total": live_seconds,
+            "allocated_token_seconds_total": allocated_seconds,
             **kv_extra,
         },
         "prefix_cache": {

@@ -24,6 +24,8 @@ Shape (every key below is always present; values that do not apply yet are null 
              "live_token_slots": int,        # tokens whose K/V are stored for live sequences
              "allocated_token_slots": int,   # blocks held by live sequences x block_size
              "efficiency": float|null,       # live / allocated (bytes ratio), null with no live seq
+             "live_token_seconds_total": float,       # live / allocated token slots integrated over
+             "allocated_token_seconds_total": float,  # engine time (counters; see kv_time.py)
              "sequences_by_dtype": {dtype: int}},  # running sequences per KV cache dtype (auto switching)
       "prefix_cache": {"queried_tokens_total": int, "hit_tokens_total": int},
       "memory_bytes": {"weights": int, "kv_pool": int, "kv_used": int, "activation_peak": int,
