@@ -14,7 +14,8 @@ from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.metrics.stats import EngineStats, build_feed, kv_occupancy
 from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.step_hooks import StepHooks
-from kvpilot.engine.strategies.kv_quant.pools import build_block_manager, kv_feed
+from kvpilot.engine.strategies.fallback.reserve import build_block_manager, sequence_blocks
+from kvpilot.engine.strategies.kv_quant.pools import kv_feed
 from kvpilot.engine.structured.matchers import StructuredOutput
 from kvpilot.engine.tokenizer import Tokenizer
 from kvpilot.engine.worker.model_runner import ModelRunner
@@ -54,13 +55,13 @@ class LLMEngine:
         # grammar matchers of structured requests; the runner masks their rows' logits with them
         self.structured = StructuredOutput(self.tokenizer, self.model_config.vocab_size, self.tokenizer.eos_token_ids)
         self.runner.structured = self.structured
-        self.max_model_len = self._max_model_len()
-        self.block_manager = build_block_manager(  # two pools under kv_cache_dtype=auto switching
+        self.block_manager = build_block_manager(  # two pools: auto switching, or a fallback reserve
             config,
             self.runner,
             # a recurrent state cannot start from a cached prefix: it is built from token 0
             config.enable_prefix_caching and self.runner.linear_state is None,
         )
+        self.max_model_len = self._max_model_len()
         self.scheduler = Scheduler(
             self.block_manager,
             max_num_seqs=config.max_num_seqs,
@@ -87,7 +88,7 @@ class LLMEngine:
 
     def _max_model_len(self) -> int:
         mc = self.model_config
-        limits = [mc.max_position_embeddings, min(self.runner.kv_pool_sizes) * self.config.block_size]
+        limits = [mc.max_position_embeddings, sequence_blocks(self.block_manager) * self.config.block_size]
         if self.config.eviction != "none":  # the eviction policy bounds each sequence's resident blocks instead
             limits.pop()
         if self.config.max_model_len is not None:

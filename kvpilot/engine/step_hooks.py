@@ -13,13 +13,15 @@ from collections.abc import Callable
 from typing import Any
 
 from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.core.pools import PooledBlockManager
 from kvpilot.engine.core.scheduler import Scheduler, SchedulerOutput
 from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.metrics.head_utilization import HeadUtilizationSampler
+from kvpilot.engine.metrics.stats_contract import FALLBACK_REASONS
 from kvpilot.engine.strategies.eviction.check import EvictionCheck, check_pool_fits, eviction_policy
 from kvpilot.engine.strategies.eviction.policy import Evictor
+from kvpilot.engine.strategies.fallback.reserve import reserve_feed
 from kvpilot.engine.strategies.kv_quant.check import kv_quant_checks
-from kvpilot.engine.strategies.kv_quant.pools import PooledBlockManager
 from kvpilot.engine.strategies.linear.check import linear_checks
 from kvpilot.engine.strategies.mla.check import mla_checks
 from kvpilot.engine.validation.runner import ApproximationCheck, ValidationRunner
@@ -55,12 +57,14 @@ class StepHooks:
         checks += linear_checks(runner, bm, requeue, evicting)
         checks += mla_checks(runner)
         self.validation = ValidationRunner(config, runner, checks)
+        self.block_manager = bm
         layers = runner.model.attention_layers()
         self.head_utilization = HeadUtilizationSampler(layers, config.head_utilization_every)
 
     def add_check(self, check: ApproximationCheck) -> None:
         """Let a strategy path register its approximation for runtime validation."""
         self.validation.checks.append(check)
+        self.validation.fallbacks_total.setdefault(check.name, dict.fromkeys(FALLBACK_REASONS, 0))
 
     def before_run(self, out: SchedulerOutput) -> None:
         self.validation.before_run(out)
@@ -75,4 +79,6 @@ class StepHooks:
 
     def feed_sections(self) -> dict[str, Any]:
         """Their sections of the stats feed: validation counters and gqa_head_utilization."""
-        return {"validation": self.validation.feed(), "gqa_head_utilization": self.head_utilization.feed()}
+        validation = self.validation.feed()
+        validation["reserve"] = reserve_feed(self.block_manager)
+        return {"validation": validation, "gqa_head_utilization": self.head_utilization.feed()}

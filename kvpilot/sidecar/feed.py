@@ -22,7 +22,6 @@ _MISSING = object()
 KNOWN_KEYS: dict[str, tuple[str, ...]] = {
     "kvpilot_requests_rejected_total": contract.REJECT_REASONS,
     "kvpilot_requests_failed_total": contract.FAILURE_REASONS,
-    "kvpilot_fallbacks_total": contract.FALLBACK_REASONS,
 }
 
 
@@ -108,6 +107,18 @@ def _by_key(feed: dict[str, Any], readings: Readings, spec: MetricSpec) -> None:
         readings.put(spec.name, value, (str(key),))
 
 
+def _by_two_keys(feed: dict[str, Any], readings: Readings, spec: MetricSpec) -> None:
+    """A `{a: {b: value}}` field -> one sample per (a, b) (fallbacks by strategy and reason)."""
+    values = lookup(feed, spec.source.split("{")[0])
+    if not isinstance(values, dict):
+        return
+    for outer, inner in values.items():
+        if not isinstance(inner, dict):
+            raise TypeError(f"{outer!r} maps to {type(inner).__name__}, not an object of counts")
+        for key, value in inner.items():
+            readings.put(spec.name, value, (str(outer), str(key)))
+
+
 def _gqa(feed: dict[str, Any], readings: Readings, spec: MetricSpec) -> None:
     items = lookup(feed, "gqa_head_utilization")
     if not isinstance(items, list):
@@ -121,6 +132,7 @@ Extractor = Callable[[dict[str, Any], Readings, MetricSpec], None]
 EXTRACTORS: dict[str, Extractor] = {
     "kvpilot_engine_info": _engine_info,
     "kvpilot_gqa_head_utilization": _gqa,
+    "kvpilot_fallbacks_total": _by_two_keys,
     "kvpilot_summary_cache_hit_rate": lambda f, r, s: r.put(s.name, _summary_hit_rate(f)),
     "kvpilot_kv_cache_usage_ratio": lambda f, r, s: r.put(
         s.name, _ratio(lookup(f, "kv.blocks_used"), lookup(f, "kv.blocks_total"))

@@ -176,8 +176,22 @@ ENGINE: tuple[MetricSpec, ...] = (
     # Runtime validation of approximate attention (seed 000, 6.5).
     _c("validation_checks_total", "", "Exact-vs-approximate attention comparisons run.",
        "validation.checks_total"),
-    _c("fallbacks_total", "", "Sequences sent to the exact path, by reason.",
-       "validation.fallbacks_total{reason}", ("reason",)),
+    _c("fallbacks_total", "",
+       "Sequences that failed runtime validation and moved to the exact path (recomputed in the "
+       "fallback reserve), by strategy (eviction, kv_int8, kv_fp8, linear, mla, gqa) and reason.",
+       "validation.fallbacks_total{strategy}{reason}", ("strategy", "reason")),
+    _c("validation_unrecovered_total", "",
+       "Sequences that failed runtime validation with no exact path to move to (no reserve, or "
+       "too long for it): served on approximately and logged, by strategy.",
+       "validation.unrecovered_total{strategy}", ("strategy",)),
+    _g("fallback_reserve_blocks", "", "KV blocks of the fallback reserve (exact-path blocks; 0: none).",
+       "validation.reserve.blocks_total"),
+    _g("fallback_reserve_used_blocks", "", "Fallback-reserve blocks held by exact-path sequences.",
+       "validation.reserve.blocks_used"),
+    _c("fallback_reserve_full_total", "",
+       "Fallbacks that found the reserve full: the sequence waited (preempted) and was then "
+       "recomputed on the exact path, never served degraded.",
+       "validation.reserve.full_total"),
     _g("validation_cosine", "",
        "Cosine similarity of the latest validation check (-1 to 1; fallback below 0.92).",
        "validation.last_cosine"),

@@ -41,8 +41,11 @@ def make_feed(instance_id: str = "engine-a", **sections: Any) -> dict[str, Any]:
         "gqa_head_utilization": [{"layer": 0, "kv_head": 0, "value": 0.25},
                                  {"layer": 0, "kv_head": 1, "value": 0.5},
                                  {"layer": 3, "kv_head": 1, "value": 0.125}],
-        "validation": {"checks_total": 12, "fallbacks_total": {"low_cosine": 2},
-                       "last_cosine": 0.97, "checks_skipped_total": 1},
+        "validation": {"checks_total": 12,
+                       "fallbacks_total": {"kv_int8": {"low_cosine": 2, "kernel_error": 0, "nan": 0}},
+                       "unrecovered_total": {"mla": 1},
+                       "last_cosine": 0.97, "checks_skipped_total": 1,
+                       "reserve": {"blocks_total": 24, "blocks_used": 3, "sequences": 1, "full_total": 1}},
     }
     for key, value in sections.items():
         feed[key] = value if not isinstance(value, dict) else {**feed[key], **value}

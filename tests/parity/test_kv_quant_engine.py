@@ -77,7 +77,8 @@ def test_auto_switch_tracks_exact(checkpoint):
 def test_kv_pool_holds_more_8bit_blocks(checkpoint):
     path, *_ = checkpoint
     budget = 1 << 20
-    sizes = {kv: engine(path, kv_cache_dtype=kv, cpu_kv_cache_bytes=budget) for kv in ("auto", "int8", "fp8")}
+    sizes = {kv: engine(path, kv_cache_dtype=kv, cpu_kv_cache_bytes=budget, fallback_reserve=0.0)
+             for kv in ("auto", "int8", "fp8")}
     blocks = {kv: e.runner.num_kv_blocks for kv, e in sizes.items()}
     per_block = {kv: e.stats()["kv"]["bytes_per_block"] for kv, e in sizes.items()}
     # fp32 model on CPU: 4-byte K/V -> int8 is 1 byte per element + a 4-byte scale per head, fp8 1 byte
@@ -87,6 +88,11 @@ def test_kv_pool_holds_more_8bit_blocks(checkpoint):
     for kv in blocks:
         assert blocks[kv] == budget // per_block[kv]
         assert sizes[kv].stats()["memory_bytes"]["kv_pool"] <= budget
+    for kv in ("int8", "fp8"):  # a 10% 16-bit fallback reserve takes its share of the same budget
+        reserved = engine(path, kv_cache_dtype=kv, cpu_kv_cache_bytes=budget, fallback_reserve=0.1)
+        n16, n8 = reserved.runner.kv_pool_sizes
+        assert n8 == blocks[kv] - round(blocks[kv] * 0.1) and n16 >= 1
+        assert reserved.stats()["memory_bytes"]["kv_pool"] <= budget
 
 
 def test_disable_kv_quant_serves_the_16bit_cache(checkpoint):

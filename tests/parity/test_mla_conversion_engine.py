@@ -123,4 +123,4 @@ def test_runtime_validation_compares_with_the_original_kv(llama, rank: int, low:
     validation = llm.engine.stats()["validation"]
     assert validation["checks_total"] >= 2
     assert low <= validation["last_cosine"] <= high
-    assert sum(validation["fallbacks_total"].values()) == 0  # a latent cache has no exact paged path
+    assert sum(validation["fallbacks_total"]["mla"].values()) == 0  # a latent cache has no exact paged path

@@ -50,7 +50,7 @@ def test_8bit_cache_scores_like_serving(ckpt, kv):
     assert max(abs(a - b) for a, b in zip(got, exact, strict=True)) > 1e-5, "8-bit KV scored like the exact cache"
     # the same engine: fp8's per-layer scale is calibrated once, by the first write, then fixed
     assert got == pytest.approx(forced_logprobs(eng), abs=2e-3)
-    assert eng.block_manager.num_free_blocks == 32  # scoring gave its blocks back
+    assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks  # scoring gave its blocks back
     assert eng.stats()["requests"]["running"] == 0
 
 

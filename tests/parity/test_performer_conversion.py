@@ -58,7 +58,8 @@ def test_disable_linear_serves_the_softmax_checkpoint(llama: str) -> None:
     "engine_kwargs",
     [
         {"max_num_batched_tokens": 7, "block_size": 8},  # chunks fold the summary step by step
-        {"num_kv_blocks": 10, "block_size": 8},  # preemption: the summary is freed and rebuilt
+        # preemption: the summary is freed and rebuilt (no fallback reserve: all 10 blocks serve)
+        {"num_kv_blocks": 10, "block_size": 8, "fallback_reserve": 0.0},
     ],
     ids=["chunked", "tiny-pool-preempt"],
 )
@@ -161,7 +162,7 @@ def test_runtime_validation_moves_a_low_cosine_sequence_to_exact_attention(llama
     prompt = PROMPTS[3]
     got = generate(llm, [prompt])[0]
     feed = llm.engine.stats()
-    assert feed["validation"]["fallbacks_total"]["low_cosine"] == 1
+    assert feed["validation"]["fallbacks_total"]["linear"]["low_cosine"] == 1
     assert feed["linear"]["summary_misses_total"] == 2, "the fallback recomputes the sequence from token 0"
     exact = LLM(llama, show_progress=False)
     last = greedy_ids(exact, [prompt + got[:-1]], 1)[0]
@@ -173,5 +174,5 @@ def test_runtime_validation_passes_a_whole_context_window(llama: str) -> None:
     llm = LLM(llama, show_progress=False, attention="linear", linear_window=128, **validation)
     generate(llm)
     feed = llm.engine.stats()["validation"]
-    assert feed["checks_total"] >= len(PROMPTS) and sum(feed["fallbacks_total"].values()) == 0
+    assert feed["checks_total"] >= len(PROMPTS) and sum(feed["fallbacks_total"]["linear"].values()) == 0
     assert feed["last_cosine"] > 0.9999

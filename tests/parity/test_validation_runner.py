@@ -38,13 +38,14 @@ def test_eviction_below_threshold_falls_back_and_continues_exactly(ckpt, caplog)
     prompt, n, every = prompt_of(150), 30, 8
     eng = engine(
         ckpt, eviction="sinks", eviction_sinks=4, eviction_window=32, validate_every=every,
-        validation_sample_rate=1.0, validation_threshold=0.9999, validation_layer=-1,
+        validation_sample_rate=1.0, validation_threshold=0.9999, validation_layer=-1, fallback_reserve=0.5,
     )  # fmt: skip
     with caplog.at_level(logging.WARNING, logger="kvpilot.engine.validation"):
         got = generate(eng, prompt, n)
     feed = eng.stats()["validation"]
     assert feed["checks_total"] == 1  # the sequence runs exactly after its first check
-    assert feed["fallbacks_total"]["low_cosine"] == 1
+    assert feed["fallbacks_total"]["eviction"]["low_cosine"] == 1
+    assert feed["reserve"]["blocks_total"] == 20 and feed["reserve"]["full_total"] == 0
     assert feed["last_cosine"] < 0.9999
     assert any("moving it to the exact path" in r.message for r in caplog.records)
     # The check ran on the step that produced completion token `every` (index every): from the
@@ -55,6 +56,21 @@ def test_eviction_below_threshold_falls_back_and_continues_exactly(ckpt, caplog)
     evicted_only = generate(engine(ckpt, eviction="sinks", eviction_sinks=4, eviction_window=32), prompt, n)
     assert evicted_only[k:] != got[k:]  # without the fallback the tokens would have differed
     assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+
+
+def test_a_sequence_too_long_for_the_reserve_is_served_on_and_counted_unrecovered(ckpt, caplog):
+    """The default reserve (10% of 40 blocks: 4 blocks, 64 tokens) cannot hold a 180-token sequence."""
+    eng = engine(
+        ckpt, eviction="sinks", eviction_sinks=4, eviction_window=32, validate_every=8,
+        validation_sample_rate=1.0, validation_threshold=0.9999, validation_layer=-1,
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="kvpilot.engine.validation"):
+        generate(eng, prompt_of(150), 30)
+    feed = eng.stats()["validation"]
+    assert feed["reserve"]["blocks_total"] == 4
+    assert feed["checks_total"] == 3 and feed["unrecovered_total"] == {"eviction": 3}
+    assert sum(feed["fallbacks_total"]["eviction"].values()) == 0
+    assert any("no exact path to fall back to" in r.message for r in caplog.records)
 
 
 def test_a_corrupted_approximation_plugs_in_and_falls_back(ckpt):
@@ -87,7 +103,7 @@ def test_a_corrupted_approximation_plugs_in_and_falls_back(ckpt):
     assert generate(eng, prompt_of(20), 12) == plain  # validating never changes an exact path's tokens
     feed = eng.stats()["validation"]
     assert check.fell_back == ["r"]
-    assert feed["checks_total"] == 1 and feed["fallbacks_total"]["low_cosine"] == 1
+    assert feed["checks_total"] == 1 and feed["fallbacks_total"]["corrupted"]["low_cosine"] == 1
     assert feed["last_cosine"] == pytest.approx(-1.0, abs=1e-5)
 
 
@@ -117,7 +133,7 @@ def test_an_exact_side_out_of_memory_skips_the_check_and_serves_on(ckpt, caplog)
         assert generate(eng, prompt_of(20), 12) == plain
     feed = eng.stats()["validation"]
     assert feed["checks_skipped_total"] == 2 and feed["checks_total"] == 0  # tokens 4 and 8 of 12
-    assert sum(feed["fallbacks_total"].values()) == 0
+    assert sum(feed["fallbacks_total"]["exhausted"].values()) == 0
     assert "ran out of device memory" in caplog.text
     assert eng.block_manager.num_used_blocks == 0
 
@@ -127,9 +143,11 @@ def test_native_engine_has_nothing_to_validate(ckpt):
     generate(eng, prompt_of(10), 10)
     assert eng.stats()["validation"] == {
         "checks_total": 0,
-        "fallbacks_total": {"low_cosine": 0, "kernel_error": 0, "nan": 0},
+        "fallbacks_total": {},
+        "unrecovered_total": {},
         "last_cosine": None,
         "checks_skipped_total": 0,
+        "reserve": {"blocks_total": 0, "blocks_used": 0, "sequences": 0, "full_total": 0},
     }
 
 
@@ -143,12 +161,12 @@ def test_sampling_is_per_request_and_proportional():
 
 def test_int8_cache_without_a_16bit_pool_is_checked_but_stays(ckpt, caplog):
     eng = engine(ckpt, kv_cache_dtype="int8", validate_every=4, validation_sample_rate=1.0,
-                 validation_threshold=0.999999, validation_layer=-1)  # fmt: skip
+                 validation_threshold=0.999999, validation_layer=-1, fallback_reserve=0.0)  # fmt: skip
     with caplog.at_level(logging.WARNING, logger="kvpilot.engine.validation"):
         generate(eng, prompt_of(40), 9)
     feed = eng.stats()["validation"]
     assert feed["checks_total"] == 2  # completion tokens 4 and 8
-    assert sum(feed["fallbacks_total"].values()) == 0
+    assert sum(feed["fallbacks_total"]["kv_int8"].values()) == 0 and feed["unrecovered_total"] == {"kv_int8": 2}
     assert 0.999 < feed["last_cosine"] < 0.999999  # int8 K/V: close to, not equal to, the exact output
     assert any("no exact path" in r.message for r in caplog.records)
 
@@ -163,6 +181,6 @@ def test_auto_switched_int8_sequence_falls_back_to_the_16bit_pool(ckpt):
     eng.add_request("second", prompt_of(25), params)  # batch 1 -> int8 pool
     out = drain(eng)
     feed = eng.stats()["validation"]
-    assert feed["fallbacks_total"]["low_cosine"] == 1 and feed["checks_total"] == 1
+    assert feed["fallbacks_total"]["kv_int8"]["low_cosine"] == 1 and feed["checks_total"] == 1
     k = 5  # checked on the step producing completion token index 4; recomputed in 16-bit after
     assert out["second"][k:] == generate(engine(ckpt), prompt_of(25) + out["second"][:k], 12 - k)

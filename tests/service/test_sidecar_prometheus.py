@@ -273,7 +273,9 @@ def test_prometheus_sees_what_the_engine_reports(stack: Stack, prometheus):  # n
         "kvpilot_oom_events_total": req["oom_events_total"], "kvpilot_max_concurrency": req["max_concurrency"],
         "kvpilot_validation_checks_total": feed["validation"]["checks_total"],
         "sum(kvpilot_requests_rejected_total)": sum(req["rejected_total"].values()),
-        "sum(kvpilot_fallbacks_total)": sum(feed["validation"]["fallbacks_total"].values()),
+        "sum(kvpilot_fallbacks_total)": sum(
+            n for reasons in feed["validation"]["fallbacks_total"].values() for n in reasons.values()
+        ),
         "kvpilot_engine_up": 1, "kvpilot_gpu_available": 0 if not os.path.exists("/dev/nvidia0") else 1,
     }
     got = {promql: value(promql) for promql in expected}

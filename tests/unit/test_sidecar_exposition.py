@@ -118,7 +118,7 @@ def test_values_are_the_feed_values():
     assert got[("kvpilot_summary_cache_hits_total", ())] == 995
     assert got[("kvpilot_gqa_head_utilization", (("kv_head", "1"), ("layer", "3")))] == 0.125
     assert got[("kvpilot_requests_rejected_total", (("reason", "too_long"),))] == 4
-    assert got[("kvpilot_fallbacks_total", (("reason", "low_cosine"),))] == 2
+    assert got[("kvpilot_fallbacks_total", (("reason", "low_cosine"), ("strategy", "kv_int8")))] == 2
     assert got[("kvpilot_memory_kv_used_bytes", ())] == 2_621_440
     assert got[("kvpilot_engine_up", ())] == 1
     assert got[("kvpilot_engine_restarts_total", ())] == 0

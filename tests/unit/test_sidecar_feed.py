@@ -40,8 +40,11 @@ def test_labelled_fields_keep_their_keys_and_documented_reasons_start_at_zero():
     rejected = r["kvpilot_requests_rejected_total"]
     assert rejected[("too_long",)] == 4 and rejected[("queue_full",)] == 1
     assert {k for (k,) in rejected} == set(contract.REJECT_REASONS)
-    fallbacks = r["kvpilot_fallbacks_total"]
-    assert fallbacks[("low_cosine",)] == 2 and fallbacks[("nan",)] == 0
+    fallbacks = r["kvpilot_fallbacks_total"]  # by (strategy, reason); the engine starts each at 0
+    assert fallbacks == {("kv_int8", "low_cosine"): 2, ("kv_int8", "kernel_error"): 0, ("kv_int8", "nan"): 0}
+    assert r["kvpilot_validation_unrecovered_total"] == {("mla",): 1}
+    assert r["kvpilot_fallback_reserve_blocks"] == {(): 24} and r["kvpilot_fallback_reserve_used_blocks"] == {(): 3}
+    assert r["kvpilot_fallback_reserve_full_total"] == {(): 1}
     failed = r["kvpilot_requests_failed_total"]
     assert failed[("fault",)] == 3 and failed[("engine_error",)] == 1 and failed[("shutdown",)] == 0
     assert {k for (k,) in failed} == set(contract.FAILURE_REASONS)

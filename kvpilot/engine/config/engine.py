@@ -78,6 +78,10 @@ class EngineConfig:
     validation_sample_rate: float = knob(0.1, "share of sequences validated")
     validation_layer: int = 0  # the layer compared (negative: from the end); a check costs ~(layer+1)/L of a prefill
     validation_threshold: float = 0.92  # cosine below this moves the sequence to the exact path
+    fallback_reserve: float = knob(
+        0.1, "share of the KV memory kept as exact-path blocks (16-bit K/V, full context, unconverted "
+        "layers) for sequences that fail runtime validation under a lossy strategy; 0: none (warn only)",
+    )  # fmt: skip
     head_utilization_every: int = knob(64, "decode steps between head-utilisation samples")
     cuda_graphs: bool = knob(True, "replay CUDA graphs for decode-only steps (CUDA; on CPU nothing is captured)")
     enforce_eager: bool = knob(False, "never capture CUDA graphs: every step runs eagerly (as vLLM's flag)")

@@ -27,6 +27,7 @@ class EngineConfig(Protocol):
     kv_quant_auto_threshold: int | None
     kv_quant_auto_hysteresis: int | None
     kv_quant_auto_split: float
+    fallback_reserve: float
     disable_kv_quant: bool
     attention: str
     kv_head_groups: int | None
@@ -77,6 +78,11 @@ def check_kv_strategy(config: EngineConfig) -> None:
         raise ValueError(
             f"kv_quant_auto_split (share of KV memory for the 16-bit pool) must be in (0, 1), "
             f"got {config.kv_quant_auto_split}"
+        )
+    if not 0.0 <= config.fallback_reserve < 1.0:
+        raise ValueError(
+            f"fallback_reserve (share of KV memory kept as exact-path blocks) must be in [0, 1), "
+            f"got {config.fallback_reserve}"
         )
     if config.attention not in ATTENTIONS:
         raise ValueError(f"attention {config.attention!r} is not supported; choose one of {', '.join(ATTENTIONS)}")

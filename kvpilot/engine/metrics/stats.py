@@ -10,7 +10,7 @@ from kvpilot.engine.core.block_manager import BlockManager
 from kvpilot.engine.core.scheduler import Scheduler
 from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.metrics.kv_time import KvOccupancyIntegral
-from kvpilot.engine.metrics.stats_contract import FALLBACK_REASONS, REJECT_REASONS, SCHEMA_VERSION, Histogram
+from kvpilot.engine.metrics.stats_contract import REJECT_REASONS, SCHEMA_VERSION, Histogram
 
 
 class EngineStats:
@@ -142,8 +142,10 @@ def build_feed(
         "gqa_head_utilization": gqa_head_utilization or [],
         "validation": validation or {
             "checks_total": 0,
-            "fallbacks_total": dict.fromkeys(FALLBACK_REASONS, 0),
+            "fallbacks_total": {},
+            "unrecovered_total": {},
             "last_cosine": None,
             "checks_skipped_total": 0,
+            "reserve": {"blocks_total": 0, "blocks_used": 0, "sequences": 0, "full_total": 0},
         },
     }

@@ -42,8 +42,13 @@ Shape (every key below is always present; values that do not apply yet are null 
       "latency": {"ttft_seconds": HIST, "tpot_seconds": HIST, "e2e_seconds": HIST},
       "linear": {"summary_hits_total": int, "summary_misses_total": int},
       "gqa_head_utilization": [{"layer": int, "kv_head": int, "value": float}],
-      "validation": {"checks_total": int, "fallbacks_total": {reason: int},
-                     "last_cosine": float|null, "checks_skipped_total": int}
+      "validation": {"checks_total": int,
+                     "fallbacks_total": {strategy: {reason: int}},  # sequences moved to the exact path
+                     "unrecovered_total": {strategy: int},  # failed a check with no exact path: served on
+                     "last_cosine": float|null, "checks_skipped_total": int,
+                     "reserve": {"blocks_total": int,   # the fallback reserve's exact-path blocks (0: none)
+                                 "blocks_used": int, "sequences": int,  # sequences holding reserve blocks
+                                 "full_total": int}}    # fallbacks that found it full (preempted, waited)
     }
 
 HIST is a cumulative histogram over the fixed bucket bounds in LATENCY_BUCKETS_SECONDS:
@@ -72,8 +77,10 @@ REJECT_REASONS = ("too_long", "queue_full", "invalid", "internal_error")
 # (added by the API server): an injected test fault (--fault-error-rate), the engine failed it,
 # the server failed it, scoring timed out, or the drain deadline cut it.
 FAILURE_REASONS = ("fault", "engine_error", "internal", "timeout", "shutdown")
-# Fallback reasons counted under validation.fallbacks_total.
+# Fallback reasons counted under validation.fallbacks_total{strategy}; the strategies are the checks'
+# names: eviction, kv_int8, kv_fp8, linear, mla, gqa.
 FALLBACK_REASONS = ("low_cosine", "kernel_error", "nan")
+FALLBACK_STRATEGIES = ("eviction", "kv_int8", "kv_fp8", "linear", "mla", "gqa")
 
 
 class Histogram:

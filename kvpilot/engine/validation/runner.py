@@ -121,7 +121,11 @@ class ValidationRunner:
             raise ValueError(f"validation_layer must be in [-{num_layers}, {num_layers}), got {layer}")
         self.layer = layer % num_layers
         self.checks_total = 0
-        self.fallbacks_total: dict[str, int] = dict.fromkeys(FALLBACK_REASONS, 0)
+        # by strategy (the check's name) and reason; every active check's reasons start at 0
+        self.fallbacks_total: dict[str, dict[str, int]] = {}
+        for check in self.checks:
+            self.fallbacks_total.setdefault(check.name, dict.fromkeys(FALLBACK_REASONS, 0))
+        self.unrecovered_total: dict[str, int] = {}  # failed with no exact path to move to: served on, warned
         self.last_cosine: float | None = None
         self.checks_skipped_total = 0  # the exact side ran out of device memory: skipped, logged, served on
         self._due: list[tuple[int, Sequence, int, list[ApproximationCheck]]] = []
@@ -183,10 +187,12 @@ class ValidationRunner:
         if result.reason is None:
             return
         if not result.fallback:
+            self.unrecovered_total[check.name] = self.unrecovered_total.get(check.name, 0) + 1
             log.warning("validation of %s at token %d: %s", seq.request_id, num_tokens, result.reason)
             return
         reason = "nan" if result.cosine != result.cosine else "low_cosine"
-        self.fallbacks_total[reason] = self.fallbacks_total.get(reason, 0) + 1
+        by_reason = self.fallbacks_total.setdefault(check.name, dict.fromkeys(FALLBACK_REASONS, 0))
+        by_reason[reason] = by_reason.get(reason, 0) + 1
         log.warning(
             "validation of %s at token %d (layer %d): %s; moving it to the exact path",
             seq.request_id, num_tokens, self.layer, result.reason,
@@ -197,7 +203,8 @@ class ValidationRunner:
     def feed(self) -> dict:
         return {
             "checks_total": self.checks_total,
-            "fallbacks_total": dict(self.fallbacks_total),
+            "fallbacks_total": {name: dict(reasons) for name, reasons in self.fallbacks_total.items()},
+            "unrecovered_total": dict(self.unrecovered_total),
             "last_cosine": self.last_cosine,
             "checks_skipped_total": self.checks_skipped_total,
         }

@@ -18,7 +18,8 @@ something a graph cannot repeat (decided by inspection; when in doubt, eager):
   - any attention layer that is not the plain paged `Attention`: Performer / linear conversion
     (exact window + summary, per-sequence exact-path flags), MLA conversion or native MLA
     (latent cache, per-step plans), and the recurrent linear state;
-  - `kv_cache_dtype` auto switching: the step is split by pool on the host (`split_by_pool`);
+  - `kv_cache_dtype` auto switching, or int8/fp8 with a 16-bit fallback reserve
+    (strategies/fallback): the step is split by pool on the host (`split_by_pool`);
   - eviction: resident views shrink and positions run ahead of context lengths.
 - a step runs eagerly (`step_fallback_reason`) when it has prefill chunks (prefill or mixed),
   its batch exceeds the largest bucket, its block table is wider than the static one, or any
@@ -227,6 +228,13 @@ class DecodeGraphs:
         return self.outputs[:n]
 
 
+def _kv_kind(runner: Any) -> str:
+    kind = runner.kv_layout.kind
+    if kind in ("int8", "fp8") and len(runner.kv_pool_sizes) == 2:
+        return f"{kind} with a 16-bit fallback reserve"
+    return kind
+
+
 @torch.inference_mode()
 def build_decode_graphs(runner: Any) -> DecodeGraphs | None:  # a ModelRunner (importing it would cycle)
     """Capture the decode graphs for this runner, or log why it stays eager and return None."""
@@ -234,7 +242,7 @@ def build_decode_graphs(runner: Any) -> DecodeGraphs | None:  # a ModelRunner (i
     reason = engine_fallback_reason(
         device_type=runner.device.type,
         family=mc.family,
-        kv_kind=runner.kv_layout.kind,
+        kv_kind=_kv_kind(runner),
         eviction=config.eviction,
         plain_attention=all(type(m) is Attention for m in runner.model.attention_layers()),
         latent_cache=runner.mla.latent_width is not None,

@@ -31,7 +31,8 @@ class KVLayout:
     kind: str
     dtype16: torch.dtype  # the unquantised pool's dtype
     quant: str | None  # 'int8' | 'fp8' for the 8-bit pool, None without one
-    split: float = 0.5  # auto-switch: share of the KV memory for the 16-bit pool
+    split: float = 0.5  # auto-switch: share of the KV memory for the 16-bit pool; int8/fp8: the 16-bit
+    # fallback reserve's share (0: none), strategies/fallback/reserve.py
 
     @property
     def dtype(self) -> torch.dtype:
@@ -59,8 +60,14 @@ class KVLayout:
 
     def split_blocks(self, num_blocks: int, mc: ModelConfig, block_size: int) -> tuple[int, int]:
         """(16-bit blocks, 8-bit blocks) for a pool of num_blocks blocks of bytes_per_block each."""
-        if self.kind in QUANTISED:
-            return 0, num_blocks
+        if self.kind in QUANTISED:  # num_blocks counts 8-bit blocks; the reserve takes a share of their bytes
+            if self.split <= 0.0:
+                return 0, num_blocks
+            if num_blocks < 2:
+                raise ValueError(f"an 8-bit cache with a fallback reserve needs >= 2 KV blocks, got {num_blocks}")
+            n8 = max(1, num_blocks - max(1, round(num_blocks * self.split)))
+            n16 = max(1, (num_blocks - n8) * self.bytes8(mc, block_size) // self.bytes16(mc, block_size))
+            return n16, n8
         if self.kind != "auto-switch":
             return num_blocks, 0
         if num_blocks < 2:
@@ -78,7 +85,8 @@ def kv_layout_for(config: EngineConfig, compute_dtype: torch.dtype) -> KVLayout:
     else:
         dtype16 = DTYPES[kind]
     quant = kind if kind in QUANTISED else AUTO_QUANT_DTYPE if kind == "auto-switch" else None
-    return KVLayout(kind, dtype16, quant, config.kv_quant_auto_split)
+    split = config.fallback_reserve if kind in QUANTISED else config.kv_quant_auto_split
+    return KVLayout(kind, dtype16, quant, split)
 
 
 def num_kv_layers(mc: ModelConfig) -> int:
@@ -173,5 +181,5 @@ def _allocate_quantised(
         attn.kv_quant = LayerKVQuant(
             layout.quant, kv_cache8[0][i], kv_cache8[1][i], kv_scales[0, i], kv_scales[1, i], n16, bs,
         )
-    sizes = (n16, n8) if layout.kind == "auto-switch" else (n8,)
+    sizes = (n16, n8) if n16 else (n8,)
     return KVCache(kv_cache, n16 + n8, sizes, kv_cache8, kv_scales)

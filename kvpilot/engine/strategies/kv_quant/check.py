@@ -5,9 +5,10 @@ tokens (`DenseRecompute`): the model run densely in its own dtype, no cache, at 
 layer. The served side is that layer's output of the decode step, which attended over the
 dequantised 8-bit K/V (and, at deeper layers, carries earlier layers' quantisation effects).
 
-Exact path: under `kv_cache_dtype=auto` switching there is a 16-bit pool; a sequence that fails is
-recomputed there (pools.PooledBlockManager binds `exact_path` sequences to the 16-bit pool).
-With a forced `int8`/`fp8` cache there is no 16-bit pool: the check counts and warns only.
+Exact path: a 16-bit pool, the fallback reserve of an int8/fp8 cache (strategies/fallback) or
+the 16-bit pool of `kv_cache_dtype=auto` switching; a sequence that fails is recomputed there
+(core/pools.PooledBlockManager binds `exact_path` sequences to it). With `fallback_reserve=0` an
+int8/fp8 cache has no 16-bit pool: the check counts and warns only.
 """
 
 from __future__ import annotations
@@ -15,35 +16,28 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kvpilot.engine.core.pools import POOL8, PooledBlockManager
 from kvpilot.engine.core.sequence import Sequence
-from kvpilot.engine.strategies.kv_quant.pools import POOL8
+from kvpilot.engine.strategies.fallback.reserve import ReserveFallback
 from kvpilot.engine.validation.runner import DenseRecompute
 
 
-class KVQuantCheck(DenseRecompute):
+class KVQuantCheck(DenseRecompute, ReserveFallback):
     """8-bit KV against a full-precision recomputation; fallback to the 16-bit pool where one exists."""
 
     def __init__(self, runner: Any, block_manager: Any, requeue: Callable[[Sequence], None]) -> None:
-        super().__init__(runner)
-        self.block_manager = block_manager
-        self.requeue = requeue
-        layout = runner.kv_layout
-        self.name = f"kv_{layout.quant}"
-        self.switching = layout.kind == "auto-switch"
+        DenseRecompute.__init__(self, runner)
+        ReserveFallback.__init__(self, block_manager, requeue, runner.model_config.max_position_embeddings)
+        self.name = f"kv_{runner.kv_layout.quant}"
+        self.pooled = isinstance(block_manager, PooledBlockManager)
 
     def applies(self, seq: Sequence) -> bool:
         if seq.exact_path:
             return False
-        if not self.switching:
-            return True
-        return self.block_manager.pool_of(seq) == POOL8
+        return not self.pooled or self.block_manager.pool_of(seq) == POOL8
 
     def can_fall_back(self, seq: Sequence) -> bool:
-        return self.switching
-
-    def fall_back(self, seq: Sequence) -> None:
-        seq.exact_path = True
-        self.requeue(seq)
+        return self.pooled and ReserveFallback.can_fall_back(self, seq)
 
 
 def kv_quant_checks(runner: Any, block_manager: Any, requeue: Callable[[Sequence], None]) -> list[KVQuantCheck]:

@@ -1,10 +1,11 @@
 """Runtime validation of the Performer conversion (attention="linear"): exact side and fallback.
 
 Exact side: the model run densely with every converted layer forced to plain softmax attention.
-Fallback: without eviction the converted layers keep every token's K/V in the paged cache, so an
-exact path exists (with eviction, when the whole context fits the pool); the sequence is flagged
-`exact_path` and recomputed from token 0 (its recurrent state is freed, its K/V rewritten by exact
-attention, eviction skips it), after which it attends to its whole context.
+Fallback: the converted layers keep every token's K/V in the paged cache (without eviction), so an
+exact path exists whenever the whole context fits the exact pool (the fallback reserve,
+strategies/fallback, or the shared pool without one); the sequence is flagged `exact_path` and
+recomputed from token 0 there (its recurrent state is freed, its K/V rewritten by exact attention,
+eviction skips it), after which it attends to its whole context.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from kvpilot.engine.validation.runner import forcing_exact
 
 class PerformerCheck(EvictionCheck):
     """The Performer conversion's ApproximationCheck (validation/runner.py); its exact path is the
-    whole context, which must fit the KV pool when eviction dropped blocks (as EvictionCheck asks)."""
+    whole context, which must fit the exact pool (as EvictionCheck asks)."""
 
     name = "linear"
 
@@ -38,9 +39,6 @@ class PerformerCheck(EvictionCheck):
     def exact_attention(self, seq: Sequence, layer: int, num_tokens: int) -> torch.Tensor:
         with forcing_exact(self.runner.model, PerformerAttention):
             return super().exact_attention(seq, layer, num_tokens)
-
-    def can_fall_back(self, seq: Sequence) -> bool:
-        return not self.evicting or super().can_fall_back(seq)
 
 
 def linear_checks(

@@ -1,0 +1,133 @@
+"""Every lossy strategy guarded at run time: a broken variant falls back to its exact path and then
+matches the exact engine token for token; a healthy one passes its checks at threshold 0.92.
+
+Tiny random Llama, CPU, torch paths. A fallback happens at the step that produces completion token
+`EVERY` (index EVERY); the sequence is recomputed on the exact path from there, so its tokens from
+index EVERY + 1 on are the exact engine's greedy continuation of prompt + the tokens before.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpilot.engine.llm_engine import LLMEngine
+from tests.helpers.models import build_hf_checkpoint
+from tests.parity.helpers import engine_greedy, make_engine
+
+pytestmark = pytest.mark.parity
+
+EVERY = 4
+NEW = 14
+# half the pool as the reserve: one of these sequences fits it (the default 10% of 64 blocks would not)
+GUARDED = {"validate_every": EVERY, "validation_sample_rate": 1.0, "validation_threshold": 0.92,
+           "fallback_reserve": 0.5}
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return build_hf_checkpoint(tmp_path_factory.mktemp("guards") / "llama", "llama")
+
+
+def engine(ckpt, **kw) -> LLMEngine:
+    return make_engine(ckpt, **{"device": "cpu", "block_size": 8, "num_kv_blocks": 64, **kw})
+
+
+def prompt_of(n: int, seed: int = 0) -> list[int]:
+    return [(i * 37 + 11 + seed * 101) % 370 + 3 for i in range(n)]
+
+
+def run(eng: LLMEngine, prompt: list[int]) -> tuple[list[int], dict]:
+    got = engine_greedy(eng, [prompt], NEW, ["r"])[0]
+    return got, eng.stats()["validation"]
+
+
+def fallbacks(feed: dict, strategy: str) -> int:
+    return sum(feed["fallbacks_total"][strategy].values())
+
+
+def assert_fell_back_then_exact(ckpt, got: list[int], feed: dict, strategy: str, prompt: list[int]) -> None:
+    print(strategy, feed)
+    assert feed["checks_total"] == 1, feed  # after its first (failed) check the sequence runs exactly
+    assert fallbacks(feed, strategy) == 1 and feed["unrecovered_total"] == {}
+    assert feed["last_cosine"] is None or feed["last_cosine"] < 0.92
+    k = EVERY + 1
+    assert got[k:] == engine_greedy(engine(ckpt), [prompt + got[:k]], NEW - k)[0]
+
+
+def assert_healthy(feed: dict, strategy: str) -> None:
+    print(strategy, feed)
+    assert feed["checks_total"] >= NEW // EVERY - 1 and fallbacks(feed, strategy) == 0, feed
+    assert feed["unrecovered_total"] == {} and feed["last_cosine"] >= 0.92
+
+
+def corrupt_k_scales(eng: LLMEngine) -> None:
+    """Test hook: after every 8-bit store, every K scale of the layer is made negative (|s| -> -|s|),
+    so the 8-bit pool dequantises each key as its negation; the 16-bit reserve is untouched."""
+    for attn in eng.runner.model.attention_layers():
+        quant = attn.kv_quant
+        store = quant._store
+
+        def corrupted(k, v, slots, graph_static, quant=quant, store=store):
+            store(k, v, slots, graph_static)
+            quant.k_scale.abs_().neg_()
+
+        quant._store = corrupted
+
+
+@pytest.mark.parametrize("kv", ["int8", "fp8"])
+def test_8bit_cache_with_a_corrupted_scale_falls_back_to_the_16bit_reserve(ckpt, kv):
+    eng = engine(ckpt, kv_cache_dtype=kv, **GUARDED)
+    corrupt_k_scales(eng)
+    prompt = prompt_of(40)
+    got, feed = run(eng, prompt)
+    assert_fell_back_then_exact(ckpt, got, feed, f"kv_{kv}", prompt)
+    assert feed["reserve"]["blocks_total"] == eng.runner.kv_pool_sizes[0] > 0
+    assert eng.block_manager.num_used_blocks == 0
+
+
+@pytest.mark.parametrize("kv", ["int8", "fp8"])
+def test_healthy_8bit_cache_passes_its_checks(ckpt, kv):
+    _, feed = run(engine(ckpt, kv_cache_dtype=kv, **GUARDED), prompt_of(40))
+    assert_healthy(feed, f"kv_{kv}")
+
+
+def test_eviction_of_most_of_the_context_falls_back_to_the_reserve(ckpt):
+    eng = engine(ckpt, eviction="sinks", eviction_sinks=0, eviction_window=8, **GUARDED)
+    prompt = prompt_of(120)
+    got, feed = run(eng, prompt)
+    assert_fell_back_then_exact(ckpt, got, feed, "eviction", prompt)
+    assert feed["reserve"]["blocks_total"] == 32
+
+
+def test_healthy_eviction_passes_its_checks(ckpt):
+    eng = engine(ckpt, eviction="sinks", eviction_sinks=8, eviction_window=96, **GUARDED)
+    _, feed = run(eng, prompt_of(120))
+    assert_healthy(feed, "eviction")
+
+
+def test_rank_one_performer_falls_back_to_exact_attention(ckpt):
+    eng = engine(ckpt, attention="linear", linear_window=2, linear_features=1, **GUARDED)
+    prompt = prompt_of(60)
+    got, feed = run(eng, prompt)
+    assert_fell_back_then_exact(ckpt, got, feed, "linear", prompt)
+
+
+def test_healthy_performer_passes_its_checks(ckpt):
+    _, feed = run(engine(ckpt, attention="linear", linear_window=48, **GUARDED), prompt_of(60))
+    assert_healthy(feed, "linear")
+
+
+def test_a_full_reserve_makes_the_second_fallback_wait_then_recompute_exactly(ckpt):
+    """Two sequences fail on the same step; the 16-bit reserve (10 blocks of 8) holds one 54-token
+    sequence (7 blocks): the other waits, preempted, and is recomputed exactly once blocks free."""
+    eng = engine(ckpt, kv_cache_dtype="int8", **GUARDED)
+    corrupt_k_scales(eng)
+    prompts = [prompt_of(40), prompt_of(40, seed=1)]
+    got = engine_greedy(eng, prompts, NEW, ["a", "b"])
+    feed = eng.stats()["validation"]
+    assert feed["reserve"]["blocks_total"] == 10 and feed["reserve"]["full_total"] == 1
+    assert feed["fallbacks_total"]["kv_int8"]["low_cosine"] == 2 and feed["checks_total"] == 2
+    k = EVERY + 1
+    for prompt, tokens in zip(prompts, got, strict=True):
+        assert tokens[k:] == engine_greedy(engine(ckpt), [prompt + tokens[:k]], NEW - k)[0]
+    assert eng.block_manager.num_used_blocks == 0
