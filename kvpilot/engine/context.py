@@ -36,6 +36,9 @@ class Context:
     # a decode step over the CUDA-graph static buffers (worker/cuda_graphs.StaticInputs): captured, replayed, or its
     # padded eager twin; host-side one-off work (fp8 scale calibration) must not run inside it
     graph_static: bool = False
+    # a dense pass that stops once this attention layer has run (runtime validation's exact side); the other
+    # tensor-parallel ranks stop at the same layer, so their collectives stay matched (worker/tp_worker.py)
+    capture_layer: int | None = None
 
     @property
     def is_prefill(self) -> bool:
@@ -59,9 +62,9 @@ def reset_context() -> None:
 
 
 @contextmanager
-def dense_context() -> Iterator[None]:
+def dense_context(capture_layer: int | None = None) -> Iterator[None]:
     """Within the block, attention runs densely (no KV cache): profiling, scoring, validation's exact side."""
-    set_context(Context(dense=True))
+    set_context(Context(dense=True, capture_layer=capture_layer))
     try:
         yield
     finally:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from kvpilot.engine.config import EngineConfig, ModelConfig
+from kvpilot.engine.config.strategy import check_model_strategy
 from kvpilot.engine.core.scheduler import Scheduler
 from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.metrics.stats import EngineStats, build_feed, kv_occupancy
@@ -21,6 +23,7 @@ from kvpilot.engine.tokenizer import Tokenizer
 from kvpilot.engine.worker.model_runner import ModelRunner
 from kvpilot.engine.worker.sampler import TopLogprobs
 from kvpilot.engine.worker.scoring import score_paged, scores_through_cache
+from kvpilot.engine.worker.tp_launch import TensorParallelLaunch
 
 
 @dataclass
@@ -46,11 +49,20 @@ class RequestOutput:
 class LLMEngine:
     """Continuous-batching engine over a paged KV cache. step() is synchronous, not thread-safe."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, on_fatal: Callable[[str], None] | None = None) -> None:
+        """`on_fatal(message)`: called (from a watchdog thread) when a tensor-parallel rank dies."""
         self.config = config
         self.model_config = ModelConfig.from_dir(config.model)
         self.tokenizer = Tokenizer(config.model, self.model_config.eos_token_ids)
-        self.runner = ModelRunner(config, self.model_config)
+        self.tp: TensorParallelLaunch | None = None
+        if config.tensor_parallel_size > 1:  # ranks 1..N-1 in their own processes; this one is rank 0
+            check_model_strategy(config, self.model_config)  # refusals before any process starts
+            self.tp = TensorParallelLaunch(config, on_fatal)
+        try:
+            self.runner = ModelRunner(config, self.model_config, self.tp.driver if self.tp else None)
+        except BaseException:
+            self.shutdown()
+            raise
         self.runner.eos_token_ids = self.tokenizer.eos_token_ids  # the tokenizer's EOS too (min_tokens)
         # grammar matchers of structured requests; the runner masks their rows' logits with them
         self.structured = StructuredOutput(self.tokenizer, self.model_config.vocab_size, self.tokenizer.eos_token_ids)
@@ -80,6 +92,11 @@ class LLMEngine:
         self._texts: dict[str, str] = {}
         self._pending: list[RequestOutput] = []
         self.ready = True
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel ranks (nothing to do at one rank); the engine cannot step after it."""
+        if self.tp is not None:
+            self.tp.shutdown()
 
     def _requeue(self, seq: Sequence) -> None:
         """Recompute a running sequence from token 0 (runtime validation's fallback); its state goes too."""

@@ -131,7 +131,13 @@ def _shard(fp: KVFootprint, model: ModelShape, strategy: KVStrategy, gpus: int) 
         copies_num, copies_den = gpus, 1
     else:
         heads = strategy.kv_head_groups if strategy.attention == "gqa" else model.num_kv_heads
-        copies_num, copies_den = gpus * -(-heads // gpus), heads
+        if model.num_attention_heads % gpus or (heads % gpus and gpus % heads):
+            raise PlannerError(
+                f"{gpus} GPUs (tensor parallel) must divide num_attention_heads={model.num_attention_heads}, and "
+                f"they and the {heads} KV heads must divide one another (KV heads are split over GPUs, or copied "
+                "when fewer); choose another resources.gpus"
+            )
+        copies_num, copies_den = gpus * -(-heads // gpus), heads  # fewer heads than GPUs: one copy per GPU
     return KVFootprint(
         bytes_per_token=fp.bytes_per_token * copies_num // copies_den,
         window_bytes_per_token=fp.window_bytes_per_token * copies_num // copies_den,

@@ -53,6 +53,7 @@ def test_deployment_runs_engine_and_sidecar_on_the_right_gpus() -> None:
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     engine, sidecar = pod["containers"]
     assert engine["resources"]["limits"] == {"nvidia.com/gpu": "2"} == engine["resources"]["requests"]
+    assert engine["args"][engine["args"].index("--tensor-parallel-size") + 1] == "2"  # the engine uses both GPUs
     assert "nvidia.com/gpu" not in sidecar["resources"]["limits"]
     assert engine["readinessProbe"]["httpGet"] == {"path": "/ready", "port": 8000}
     assert engine["livenessProbe"]["httpGet"] == {"path": "/health", "port": 8000}
@@ -85,6 +86,7 @@ def test_engine_args_carry_the_strategy_and_the_planned_concurrency() -> None:
     assert args[args.index("--shutdown-grace") + 1] == "285"  # 300 s grace minus a margin
     assert "--eviction" not in args and "--latent-rank" not in args
     assert "--disable-kv-quant" in args
+    assert spec.gpus == 1 and "--tensor-parallel-size" not in args  # one GPU: no tensor parallelism
     assert args[-2:] == ["--log-level", "INFO"]
     assert build_deployment(body, spec, plan)["spec"]["template"]["spec"]["containers"][0]["args"] == args
 

@@ -15,6 +15,7 @@ from kvpilot.engine.config.strategy import (
     check_eviction_config,
     check_kv_strategy,
     check_linear_strategy,
+    check_tensor_parallel,
 )
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -85,6 +86,12 @@ class EngineConfig:
     head_utilization_every: int = knob(64, "decode steps between head-utilisation samples")
     cuda_graphs: bool = knob(True, "replay CUDA graphs for decode-only steps (CUDA; on CPU nothing is captured)")
     enforce_eager: bool = knob(False, "never capture CUDA graphs: every step runs eagerly (as vLLM's flag)")
+    tensor_parallel_size: int = knob(
+        1, "ranks (processes; one GPU each on CUDA) over which heads, KV heads, MLP and vocabulary are split"
+    )
+    tensor_parallel_timeout: float = knob(
+        60.0, "seconds a rank waits in a collective before the engine fails closed (a rank died or hung)"
+    )
     load_format: str = knob(
         "auto", "auto: the checkpoint's safetensors; dummy: random weights of config.json's shape (benchmarks)",
         choices=LOAD_FORMATS,
@@ -124,3 +131,6 @@ class EngineConfig:
         if self.latent_rank is not None and self.latent_rank < 1:
             raise ValueError(f"latent_rank must be >= 1 or None (a DeepSeek model's own kv_lora_rank), got {self.latent_rank}")
         check_linear_strategy(self)
+        check_tensor_parallel(self)
+        if self.tensor_parallel_timeout <= 0:
+            raise ValueError(f"tensor_parallel_timeout must be > 0 seconds, got {self.tensor_parallel_timeout}")

@@ -46,6 +46,7 @@ class EngineConfig(Protocol):
     validation_sample_rate: float
     validation_threshold: float
     head_utilization_every: int
+    tensor_parallel_size: int
 
 ATTENTIONS = ("native", "gqa", "mla", "linear")
 GQA_FAMILIES = ("llama", "mistral", "qwen2")  # k_proj/v_proj per layer, HF repeat_kv grouping
@@ -243,9 +244,57 @@ def conversion_rank(config: EngineConfig, model_config: ModelConfig) -> int | No
     return config.latent_rank
 
 
+TP_FAMILIES = GQA_FAMILIES  # the Llama-architecture decoders have tensor-parallel layers
+
+
+def check_tensor_parallel(config: EngineConfig) -> None:
+    """tensor_parallel_size >= 1; under TP the strategies that keep per-layer state outside the paged
+    K/V heads (the MLA latent, the Performer conversion) are refused: they are not sharded yet."""
+    tp = config.tensor_parallel_size
+    if tp < 1:
+        raise ValueError(f"tensor_parallel_size must be >= 1 (1: no tensor parallelism), got {tp}")
+    if tp == 1:
+        return
+    for attention in ("mla", "linear"):
+        if config.attention == attention and not getattr(config, f"disable_{attention}"):
+            raise ValueError(
+                f"attention={attention!r} is not available with tensor_parallel_size={tp}: its "
+                f"{'latent cache' if attention == 'mla' else 'linear-attention conversion'} is not sharded over "
+                "ranks; use attention native or gqa (with native, gqa, int8/fp8 KV and eviction TP works), "
+                f"pass --disable-{attention}, or tensor_parallel_size=1"
+            )
+
+
+def check_tensor_parallel_model(config: EngineConfig, model_config: ModelConfig) -> None:
+    """The checkpoint splits over the ranks: a Llama-architecture family, query heads, served KV heads
+    (split, or copied when fewer than ranks) and the MLP width divisible."""
+    tp = config.tensor_parallel_size
+    if tp == 1:
+        return
+    if model_config.family not in TP_FAMILIES:
+        raise ValueError(
+            f"tensor_parallel_size={tp} serves {', '.join(TP_FAMILIES)} checkpoints, not {model_config.family!r} "
+            "(MLA and hybrid linear-attention models are not sharded yet); use tensor_parallel_size=1"
+        )
+    served = served_model_config(config, model_config)
+    heads, kv_heads = served.num_attention_heads, served.num_key_value_heads
+    if heads % tp or (kv_heads % tp and tp % kv_heads):
+        raise ValueError(
+            f"tensor_parallel_size={tp} must divide num_attention_heads={heads}, and it and the served "
+            f"num_key_value_heads={kv_heads} must divide one another (KV heads are split over ranks, or copied "
+            f"when fewer); sizes that work: {[n for n in range(1, heads + 1) if not heads % n and not (kv_heads % n and n % kv_heads)]}"
+        )
+    if model_config.intermediate_size % tp:
+        raise ValueError(
+            f"tensor_parallel_size={tp} must divide intermediate_size={model_config.intermediate_size} (the MLP is split "
+            "over ranks)"
+        )
+
+
 def check_model_strategy(config: EngineConfig, model_config: ModelConfig) -> None:
     """The checks that need the checkpoint's architecture; the runner calls this before any weight loads.
     The MLA latent cache is 16/32-bit: the 8-bit K/V formats (kernels/kv_quant) have no latent variant."""
+    check_tensor_parallel_model(config, model_config)
     kind = kv_cache_kind(config)
     mla = model_config.deepseek is not None or conversion_rank(config, model_config) is not None
     if mla and kind in ("int8", "fp8", "auto-switch"):

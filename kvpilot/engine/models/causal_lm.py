@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
 
 from kvpilot.engine.config import ModelConfig
+from kvpilot.engine.layers.parallel import lm_head
 from kvpilot.engine.models.layers import DecoderStack
 
 
@@ -21,7 +23,8 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = DecoderStack(config.vocab_size, config.hidden_size, config.rms_norm_eps, layers)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = lm_head(config.hidden_size, config.vocab_size)  # vocab-parallel under TP
+        self.tp_driver: Any = None  # rank 0 of a tensor-parallel engine: sends each call to the other ranks
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -30,7 +33,11 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self.tp_driver is not None:
+            self.tp_driver.forward(input_ids, positions)
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.tp_driver is not None:
+            self.tp_driver.logits(hidden)
         return self.lm_head(hidden)

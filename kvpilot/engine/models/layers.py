@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from kvpilot.engine.kernels import rmsnorm, rotary, silu_mul
+from kvpilot.engine.layers.parallel import column_linear, embedding, row_linear
 
 
 class RMSNorm(nn.Module):
@@ -68,9 +69,9 @@ class SiluAndMulMLP(nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_proj = column_linear(hidden_size, intermediate_size, False)  # nn.Linear at one rank
+        self.up_proj = column_linear(hidden_size, intermediate_size, False)
+        self.down_proj = row_linear(intermediate_size, hidden_size, False)  # all-reduced under TP
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))  # kernels/silu_mul/
@@ -84,7 +85,7 @@ class DecoderStack(nn.Module):
 
     def __init__(self, vocab_size: int, hidden_size: int, eps: float, layers: Iterable[nn.Module]) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(vocab_size, hidden_size)
+        self.embed_tokens = embedding(vocab_size, hidden_size)  # vocab-parallel under TP
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(hidden_size, eps)
 

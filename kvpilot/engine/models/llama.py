@@ -7,8 +7,11 @@ from torch import nn
 
 from kvpilot.engine.config import ModelConfig
 from kvpilot.engine.layers.attention import Attention
+from kvpilot.engine.layers.parallel import column_linear, row_linear
 from kvpilot.engine.models.causal_lm import CausalLM
 from kvpilot.engine.models.layers import RMSNorm, RotaryEmbedding, SiluAndMulMLP
+from kvpilot.engine.parallel.shard import head_shard
+from kvpilot.engine.parallel.state import tp_rank, tp_world
 
 
 class LlamaAttention(nn.Module):
@@ -16,14 +19,16 @@ class LlamaAttention(nn.Module):
 
     def __init__(self, config: ModelConfig, qkv_bias: bool) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = config.head_dim
+        # this rank's heads (all of them at one rank); KV heads copied when fewer than ranks
+        heads = head_shard(config.num_attention_heads, config.num_key_value_heads, tp_rank(), tp_world())
+        self.num_heads, self.num_kv_heads = heads.num_heads, heads.num_kv_heads
+        self.head_dim = d = config.head_dim
         hidden = config.hidden_size
-        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
+        q_width, kv_width = config.num_attention_heads * d, config.num_key_value_heads * d
+        self.q_proj = column_linear(hidden, q_width, qkv_bias, heads.q_start * d, self.num_heads * d)
+        self.k_proj = column_linear(hidden, kv_width, qkv_bias, heads.kv_start * d, self.num_kv_heads * d)
+        self.v_proj = column_linear(hidden, kv_width, qkv_bias, heads.kv_start * d, self.num_kv_heads * d)
+        self.o_proj = row_linear(q_width, hidden, False, heads.q_start * d, self.num_heads * d)
         self.rotary_emb = RotaryEmbedding(self.head_dim, config.rope_theta, config.rope_scaling)
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
 

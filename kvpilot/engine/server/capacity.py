@@ -72,6 +72,7 @@ def plan_for(config: Any, device: str, cpu_budget_bytes: int, watermark: float) 
         strategy,
         device_memory(device, cpu_budget_bytes),
         max_seq_len=max_seq_len,
+        gpus=getattr(config, "tensor_parallel_size", 1),  # each rank has the device's (or the CPU budget's) memory
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_num_seqs=config.max_num_seqs,
         watermark=watermark,

@@ -205,7 +205,10 @@ async def _serve(args: argparse.Namespace, config: Any, settings: Any) -> int:
             flush=True,
         )
 
-    runtime = ServerRuntime(settings, lambda: LLMEngine(config), warm_up=warm_up, on_ready=on_ready)
+    # a tensor-parallel rank that dies calls on_failure: the server stops admitting, drains and exits 1
+    runtime = ServerRuntime(
+        settings, lambda: LLMEngine(config, on_fatal=lambda m: on_failure(m)), warm_up=warm_up, on_ready=on_ready
+    )
     # uvicorn's own deadline is a backstop: runtime.drain() ends what is left at --shutdown-grace
     # with an error event, and the streams need a moment to send it.
     backstop = args.shutdown_grace + DRAIN_FLUSH_SECONDS
@@ -237,8 +240,11 @@ async def _serve(args: argparse.Namespace, config: Any, settings: Any) -> int:
     stats.should_exit = True
     await stats_task
     runtime.shutdown()
+    if runtime.engine is not None:
+        runtime.engine.shutdown()  # tensor-parallel ranks stop with the server
     if failure:
-        print(f"kvpilot serve: the engine failed to start: {failure[0]}", file=sys.stderr)
+        started = "failed to start" if runtime.failure else "failed"  # else: a rank died while serving
+        print(f"kvpilot serve: the engine {started}: {failure[0]}", file=sys.stderr)
         return 1
     if not api.started:
         return 1

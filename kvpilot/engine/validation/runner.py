@@ -92,7 +92,7 @@ class DenseRecompute:
         handle = module.register_forward_hook(stop)
         ids = torch.tensor(seq.token_ids[:num_tokens], dtype=torch.long, device=runner.device)
         try:
-            with dense_context():
+            with dense_context(capture_layer=layer):  # tensor-parallel ranks stop at this layer too
                 runner.model(ids, torch.arange(num_tokens, device=runner.device))
         except _Captured:
             pass

@@ -1,5 +1,8 @@
 """Load HF safetensors weights into a model: verify SHA256 digests, then copy with a progress bar.
 
+Under tensor parallelism each rank reads only its slice of a sharded parameter (`safe_open(...).get_slice`,
+the slices the parallel layers name in `tp_shard`): no rank materialises the whole model.
+
 A checkpoint tensor with no parameter in the model is an error, unless the model names a reason to
 skip it (`model.checkpoint_skip_reason(name)`, e.g. DeepSeek-V3's multi-token-prediction layers);
 skipped tensors are counted and logged once per reason, never read.
@@ -19,6 +22,7 @@ from torch import nn
 from tqdm import tqdm
 
 from kvpilot.checkpoint_digest import file_sha256
+from kvpilot.engine.layers.parallel import tp_shards
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -89,6 +93,7 @@ def load_weights(
     if sha256:
         verify_sha256(model_dir, sha256)
     params = dict(model.named_parameters(remove_duplicate=False))
+    shards = tp_shards(model)  # {} at one rank
     skip_reason: Callable[[str], str | None] = getattr(model, "checkpoint_skip_reason", lambda _: None)
     skipped_tensors: Counter[str] = Counter()
     skipped_bytes: Counter[str] = Counter()
@@ -112,17 +117,24 @@ def load_weights(
                         skipped_tensors[reason] += 1
                         skipped_bytes[reason] += stored_bytes(f.get_slice(name))
                         continue
-                    tensor = f.get_tensor(name)
+                    shard = shards.get(name)
+                    whole = shard is None or _transformed(transform, name)
+                    tensor = f.get_tensor(name) if whole else read_slice(f.get_slice(name), *shard)
                     if transform is not None:
                         tensor = transform(name, tensor)
+                    if whole and shard is not None:  # a converted tensor (GQA pooling) is sliced after it
+                        tensor = tensor.narrow(*shard)
                     param = params[name]
-                    if tuple(tensor.shape) != tuple(param.shape):
+                    target = param if shard is None else param.narrow(shard[0], 0, shard[2])
+                    if tuple(tensor.shape) != tuple(target.shape):
                         raise ValueError(
                             f"{path.name}: tensor {name!r} has shape {tuple(tensor.shape)}, "
-                            f"the model expects {tuple(param.shape)}"
+                            f"the model expects {tuple(target.shape)}"
                         )
                     with torch.no_grad():
-                        param.copy_(tensor)
+                        if target.shape != param.shape:  # the last rank's vocabulary padding
+                            param.zero_()
+                        target.copy_(tensor)
                     loaded.add(name)
                     total += tensor.numel() * tensor.element_size()
                     bar.update(1)
@@ -142,6 +154,21 @@ def load_weights(
             f"checkpoint in {model_dir} lacks parameters {missing[:5]}{'...' if len(missing) > 5 else ''}"
         )
     return total
+
+
+def _transformed(transform: Callable[[str, torch.Tensor], torch.Tensor] | None, name: str) -> bool:
+    """Whether the load transform rewrites this tensor (it then needs the whole of it)."""
+    if transform is None:
+        return False
+    touches = getattr(transform, "touches", None)
+    return True if touches is None else bool(touches(name))
+
+
+def read_slice(tensor_slice, dim: int, start: int, length: int) -> torch.Tensor:
+    """Rows (dim 0) or columns (dim 1) [start, start+length) of a safetensors tensor, read alone."""
+    index = [slice(None)] * len(tensor_slice.get_shape())
+    index[dim] = slice(start, start + length)
+    return tensor_slice[tuple(index)]
 
 
 def stored_bytes(tensor_slice) -> int:

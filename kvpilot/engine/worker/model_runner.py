@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,9 @@ from kvpilot.engine.context import Context, dense_context, reset_context, set_co
 from kvpilot.engine.core.scheduler import SchedulerOutput
 from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.models import build_model
+from kvpilot.engine.parallel.driver import TPDriver
+from kvpilot.engine.parallel.shard import head_shard
+from kvpilot.engine.parallel.state import all_reduce_min, tp_rank, tp_world
 from kvpilot.engine.strategies.gqa.convert import gqa_transform
 from kvpilot.engine.strategies.linear.apply import apply_linear
 from kvpilot.engine.strategies.mla.apply import apply_mla
@@ -37,11 +41,25 @@ from kvpilot.engine.worker.state_cache import build_linear_state
 class ModelRunner:
     """Loads the model, sizes and owns the KV pool, and turns scheduled chunks into sampled tokens."""
 
-    def __init__(self, config: EngineConfig, model_config: ModelConfig) -> None:
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, tp_driver: TPDriver | None = None) -> None:
+        """`tp_driver`: rank 0 of a tensor-parallel engine (worker/tp_launch.py); the other ranks build
+        their runner with none and follow rank 0's calls (worker/tp_worker.py)."""
         check_model_strategy(config, model_config)  # refused combinations, before any weight loads
         self.config = config
         self.model_config = model_config = served_model_config(config, model_config)  # GQA conversion
+        self.world = tp_world()  # tensor-parallel ranks; 1: every branch below is the single-device path
         self.device = pick_device(config.device)
+        if self.world > 1 and self.device.type == "cuda":
+            self.device = torch.device("cuda", tp_rank())
+            torch.cuda.set_device(self.device)
+        # the KV heads this rank caches, and those the engine caches over all ranks (copies counted)
+        self.rank_kv_config = self.kv_model_config = model_config
+        if self.world > 1:
+            heads = head_shard(model_config.num_attention_heads, model_config.num_key_value_heads, tp_rank(), self.world)
+            self.rank_kv_config = replace(
+                model_config, num_attention_heads=heads.num_heads, num_key_value_heads=heads.num_kv_heads
+            )
+            self.kv_model_config = replace(model_config, num_key_value_heads=heads.num_kv_heads * self.world)
         fill_batch_defaults(config, self.device.type, device_memory_bytes(self.device))  # config/batch.py
         self.dtype = pick_dtype(config.dtype, model_config.torch_dtype, self.device)
         self.kv_layout = kv_layout_for(config, self.dtype)  # 16-bit, int8, fp8, auto (worker/kv_cache.py)
@@ -75,15 +93,19 @@ class ModelRunner:
         self._estimated = (0, 0)  # (tokens, logit rows) of the largest CPU activation estimate so far
         self.activation_peak_bytes = 0
         self._baseline_allocated = torch.cuda.memory_allocated(self.device) if self.is_cuda else 0
+        num_blocks = self._size_kv_pool()
+        if self.world > 1:  # block ids are shared: every rank holds the smallest rank's count
+            num_blocks = all_reduce_min(num_blocks, self.device)
         self.cache: KVCache = allocate_kv_cache(
-            self.kv_layout, self.model, model_config, self._size_kv_pool(), self.block_size,
+            self.kv_layout, self.model, self.rank_kv_config, num_blocks, self.block_size,
             self.mla.latent_width, self.device,
         )  # fmt: skip
         self.kv_cache = self.cache.kv_cache
         self.num_kv_blocks = self.cache.num_blocks
         self.kv_pool_sizes = self.cache.pool_sizes  # (16-bit, int8) under auto switching
-        capture = config.cuda_graphs and not config.enforce_eager
+        capture = config.cuda_graphs and not config.enforce_eager and self.world == 1  # TP: eager (the doc says why)
         self.decode_graphs = build_decode_graphs(self) if capture else None  # worker/cuda_graphs.py
+        self.model.tp_driver = tp_driver  # from here on rank 0's model calls are sent to the other ranks
 
     @property
     def is_cuda(self) -> bool:
@@ -102,20 +124,26 @@ class ModelRunner:
     # -- KV pool -------------------------------------------------------------------------
     @property
     def bytes_per_block(self) -> int:
-        return block_bytes(self.kv_layout, self.model_config, self.block_size, self.mla.latent_width)
+        """One block over all layers and (under TP) all ranks: the figure the feed and the planner use."""
+        return block_bytes(self.kv_layout, self.kv_model_config, self.block_size, self.mla.latent_width)
+
+    @property
+    def rank_bytes_per_block(self) -> int:
+        """One block on this rank (its share of the KV heads): what sizes this rank's memory."""
+        return block_bytes(self.kv_layout, self.rank_kv_config, self.block_size, self.mla.latent_width)
 
     def _size_kv_pool(self) -> int:
         if self.config.num_kv_blocks is not None:
             return self.config.num_kv_blocks
         if not self.is_cuda:
             state = self.linear_state.bytes_total if self.linear_state is not None else 0
-            return max(1, (self.config.cpu_kv_cache_bytes - state) // self.bytes_per_block)
+            return max(1, (self.config.cpu_kv_cache_bytes - state) // self.rank_bytes_per_block)
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
         self._profile_run()
         self.activation_peak_bytes = torch.cuda.max_memory_allocated(self.device) - before
         return cuda_kv_blocks(
-            self.device, self.config.gpu_memory_utilization, self.activation_peak_bytes, self.bytes_per_block
+            self.device, self.config.gpu_memory_utilization, self.activation_peak_bytes, self.rank_bytes_per_block
         )
 
     @torch.inference_mode()

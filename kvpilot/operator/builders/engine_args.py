@@ -59,6 +59,8 @@ def engine_args(spec: ServiceSpec, plan: CapacityPlan) -> list[str]:
     if spec.model.sha256:  # the engine refuses weights whose manifest digest differs
         args += ["--model-sha256", spec.model.sha256]
     args += strategy_flags(spec.strategy)
+    if spec.gpus > 1:  # the engine splits the model over every GPU the pod requests (tensor parallel)
+        args += ["--tensor-parallel-size", str(spec.gpus)]
     grace = max(1, spec.engine.termination_grace_period_seconds - DRAIN_MARGIN_SECONDS)
     args += ["--max-num-seqs", str(plan.max_concurrency), "--strategy-name", plan.strategy,
              "--shutdown-grace", str(grace)]

@@ -68,4 +68,5 @@ def gqa_transform(
         heads = tensor.shape[0] // head_dim
         return tensor if heads == groups else mean_pool_heads(tensor, heads, groups)
 
+    pool.touches = _KV_KEY.search  # type: ignore[attr-defined]  # the loader reads these whole (TP slices after)
     return pool

@@ -36,7 +36,7 @@ def kv_feed(runner: Any, block_manager: Any, running: int) -> KVFeed:
     """The KV section for the feed, from the runner's layout and the block manager (one pool, a 16-bit
     and an 8-bit pool, or one pool partitioned into a fallback reserve and the rest)."""
     layout = runner.kv_layout
-    mc, bs = runner.model_config, runner.block_size
+    mc, bs = runner.kv_model_config, runner.block_size  # under TP: every rank's KV heads
     if isinstance(block_manager, PooledBlockManager) and layout.is_quantised:
         names = {POOL16: dtype_name(layout.dtype16), POOL8: layout.quant}
         sizes = {POOL16: layout.bytes16(mc, bs), POOL8: layout.bytes8(mc, bs)}
