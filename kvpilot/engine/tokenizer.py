@@ -103,3 +103,13 @@ def check_chat_template(text: str) -> str:
 _ENV = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
 _ENV.globals["raise_exception"] = _raise
 _ENV.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+            sort_keys: bool = False) -> str:  # fmt: skip
+    """transformers' `tojson` (plain json.dumps): Jinja's own HTML-escapes <, > and &, which would
+    change the prompt of every template that renders tools or tool calls."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+_ENV.filters["tojson"] = _tojson

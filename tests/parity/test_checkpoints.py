@@ -78,6 +78,13 @@ def test_tokenizer_agrees_with_transformers(tiny_qwen) -> None:
     rendered = tok.apply_chat_template(messages)
     assert rendered == hf_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert rendered.startswith("<bos>") and rendered.endswith("<|assistant|>\n")
+    # tools and tool calls render as transformers renders them (its tojson: no HTML escaping)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": {"q": "<a & b>"}}}
+    chat = [*messages, {"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "content": "1"}]
+    rendered = tok.apply_chat_template(chat, tools=tools)
+    assert rendered == hf_tok.apply_chat_template(chat, tools=tools, tokenize=False, add_generation_prompt=True)
+    assert '"<a & b>"' in rendered and "<tool_call>f</tool_call>" in rendered
 
 
 def test_score_matches_transformers(tiny_qwen) -> None:

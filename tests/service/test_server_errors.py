@@ -104,7 +104,7 @@ def test_invalid_json_is_422(server: ServerProcess) -> None:
         ("/v1/chat/completions", {"chat_template_kwargs": {"x": 1}}, "chat_template_kwargs", "not supported"),
         ("/v1/chat/completions", {"continue_final_message": True}, "continue_final_message", "not supported"),
         ("/v1/chat/completions", {"response_format": {"type": "structural_tag"}}, "response_format", "not supported"),
-        ("/v1/chat/completions", {"tools": []}, "tools", "not supported"),
+        ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions", "not supported"),
         ("/v1/completions", {"logit_bias": {"99999": 1}}, "logit_bias", "out of range"),
     ],
 )

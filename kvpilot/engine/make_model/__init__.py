@@ -24,8 +24,11 @@ SIZES: dict[str, dict[str, int]] = {
 SPECIAL_TOKENS = ("<bos>", "<eos>", "<pad>")
 BOS_ID, EOS_ID, PAD_ID = 0, 1, 2
 CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}{{ eos_token }}\n"
-    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    "{{ bos_token }}{% if tools %}<|system|>\n<tool_call>{{ tools | map(attribute='function') | map(attribute='name')"
+    " | join(', ') }}</tool_call>{{ eos_token }}\n{% endif %}"
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}"
+    "{% for call in message['tool_calls'] or [] %}<tool_call>{{ call['function'] | tojson }}</tool_call>{% endfor %}"
+    "{{ eos_token }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 STDLIB_SOURCES = ("textwrap.py", "string.py", "json/decoder.py", "json/encoder.py", "argparse.py", "shlex.py")
 

@@ -75,6 +75,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--chat-template", type=Path,
         help="a Jinja chat template file for /v1/chat/completions (checkpoints without one, or to replace theirs)",
     )  # fmt: skip
+    api.add_argument(
+        "--tool-call-parser", choices=["auto", "hermes", "llama3_json", "none"], default="auto",
+        help="how tool calls are read from the output under tool_choice 'auto': hermes (<tool_call>{...}</tool_call>), "
+             "llama3_json ({\"name\", \"parameters\"}), none (auto refused), or auto: from the chat template",
+    )  # fmt: skip
     api.add_argument("--no-warmup", action="store_true", help="skip the start-up warm-up")
     api.add_argument(
         "--shutdown-grace", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
@@ -163,6 +168,7 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any, str]:
         warmup=not args.no_warmup,
         faults=faults,
         chat_template=chat_template,
+        tool_call_parser=args.tool_call_parser,
     )
     if faults.active:
         lines.append(

@@ -36,6 +36,7 @@ from kvpilot.engine.server.result_log import ResultLog
 from kvpilot.engine.server.runtime import ServerRuntime
 from kvpilot.engine.server.structured_request import structured_spec
 from kvpilot.engine.server.text_checks import check_unicode, prompt_chars
+from kvpilot.engine.server.tools import ToolPlan, ToolStream, tool_plan
 from kvpilot.engine.structured.compiler import GrammarError
 from kvpilot.engine.structured.spec import StructuredSpec
 
@@ -69,7 +70,7 @@ async def serve_completion(
     # the admission limit too; every way out before the result log exists gives it back.
     admission.acquire()
     try:
-        prompts, params, generate = await _prepare(runtime, admission, req, chat)
+        prompts, params, generate, plan = await _prepare(runtime, admission, req, chat)
         # Again after the await, and with no await from here to remember(): one generation per key.
         existing = runtime.idempotency.lookup(key, fingerprint) if key is not None else None
         if existing is None:
@@ -111,7 +112,7 @@ async def serve_completion(
         ]
         try:
             echoes = await _echoes(engine_loop, prompts, params, texts)
-            await _run(gens, fmt, out, req.stream, echoes, tokenizer, generate, n)
+            await _run(gens, fmt, out, req.stream, echoes, tokenizer, generate, n, plan)
         except EngineFailure as exc:
             runtime.record_rejection("internal_error")
             runtime.record_failure("engine_error")
@@ -144,13 +145,16 @@ async def _join(request: Request, runtime: ServerRuntime, key: str, existing: Re
 
 async def _prepare(
     runtime: ServerRuntime, admission: Admission, req: ChatCompletionRequest | CompletionRequest, chat: bool
-) -> tuple[list[list[int]], SamplingParams, bool]:
-    """Each prompt's token ids (tokenised on the CPU pool), the sampling parameters and whether to
-    generate at all (max_tokens 0 with echo: no), or a 4xx."""
+) -> tuple[list[list[int]], SamplingParams, bool, ToolPlan | None]:
+    """Each prompt's token ids (tokenised on the CPU pool), the sampling parameters, whether to
+    generate at all (max_tokens 0 with echo: no) and the tool plan (chat with tools), or a 4xx."""
     tokenizer = runtime.tokenizer
+    plan: ToolPlan | None = None
     try:
         if isinstance(req, ChatCompletionRequest):
-            prompts = [await runtime.run_cpu(chat_prompt_ids, tokenizer, req)]
+            plan = tool_plan(req, runtime.tool_call_parser, tokenizer.chat_template)
+            tools = plan.tools if plan is not None else None
+            prompts = [await runtime.run_cpu(chat_prompt_ids, tokenizer, req, tools)]
         else:
             vocab_size = getattr(tokenizer, "vocab_size", None)
             prompts = await runtime.run_cpu(completion_prompt_ids, tokenizer, req, vocab_size)
@@ -165,7 +169,7 @@ async def _prepare(
             runtime.record_rejection("invalid")
             raise APIError(400, f"logit_bias token id {max(ids)} is out of range: this vocabulary has ids "
                            f"0..{vocab_size - 1}", param="logit_bias")  # fmt: skip
-    structured = await _structured(runtime, req)
+    structured = await _structured(runtime, req, plan)
     default = None if chat else runtime.settings.default_completion_max_tokens
     requested = req.requested_max_tokens()
     longest = max(len(p) for p in prompts)
@@ -175,20 +179,28 @@ async def _prepare(
                        f"{MAX_PROMPTS_PER_REQUEST} per request: split the batch", param="n")  # fmt: skip
     if requested == 0:  # echo-only scoring (checked by reject_unsupported): the prompt must fit
         admission.max_tokens_for(longest, None, 1)
-        return prompts, sampling_params(req, 1), False
+        return prompts, sampling_params(req, 1), False, None
     max_tokens = admission.max_tokens_for(longest, requested, default)
     try:
-        return prompts, sampling_params(req, max_tokens, structured), True
+        return prompts, sampling_params(req, max_tokens, structured), True, plan
     except APIError:
         runtime.record_rejection("invalid")
         raise
 
 
-async def _structured(runtime: ServerRuntime, req: ChatCompletionRequest | CompletionRequest) -> StructuredSpec | None:
+async def _structured(
+    runtime: ServerRuntime, req: ChatCompletionRequest | CompletionRequest, plan: ToolPlan | None
+) -> StructuredSpec | None:
     """The request's output constraint, compiled once here on the CPU pool (a 400 if it cannot be):
     the engine thread then finds the grammar in the compiler's cache."""
     try:
         found = structured_spec(req)
+        forced = plan.spec() if plan is not None else None
+        if forced is not None:
+            if found is not None:
+                raise APIError(400, f"tool_choice {plan.mode!r} constrains the output to tool calls; {found[1]} "
+                               "cannot constrain it too: remove one", param=found[1], code="invalid_value")  # fmt: skip
+            found = (forced, "tools")
         if found is None:
             return None
         spec, param = found
@@ -233,6 +245,7 @@ async def _run(
     tokenizer: Any,
     generate: bool,
     n: int = 1,
+    plan: ToolPlan | None = None,
 ) -> None:
     """Run every generation at once; answer with n choices per prompt, in prompt order."""
     if generate:
@@ -242,7 +255,7 @@ async def _run(
     if stream and (first := fmt.first_chunk()) is not None:
         out.append(first)
     results = await asyncio.gather(
-        *(_choice(i, gen, fmt, out, stream, echoes[i] if echoes else None, tokenizer, generate)
+        *(_choice(i, gen, fmt, out, stream, echoes[i] if echoes else None, tokenizer, generate, plan)
           for i, gen in enumerate(gens))
     )  # fmt: skip
     completion = sum(r[3] for r in results)
@@ -253,7 +266,7 @@ async def _run(
             out.append(fmt.usage_chunk(usage))
         out.append(DONE_EVENT)
     else:
-        out.append(fmt.whole([r[:3] for r in results], usage))
+        out.append(fmt.whole([(r[0], r[1], r[2], r[4]) for r in results], usage))
     out.finish()
 
 
@@ -266,8 +279,10 @@ async def _choice(
     echo: tuple[str, TokenLogprobs | None] | None,
     tokenizer: Any,
     generate: bool,
-) -> tuple[str, str | None, Any, int]:
-    """One choice: (text, finish reason, logprobs body, completion tokens); streamed as it comes."""
+    plan: ToolPlan | None = None,
+) -> tuple[str | None, str | None, Any, int, list[dict[str, Any]] | None]:
+    """One choice: (text, finish reason, logprobs body, completion tokens, tool calls); streamed as it comes."""
+    tool_stream = plan.streamer() if plan is not None and stream else None
     wants = gen.wants_logprobs
     pieces: list[str] = []
     logprobs = TokenLogprobs()
@@ -291,12 +306,33 @@ async def _choice(
             if wants and delta.logprobs is not None:
                 body = _body(fmt.chat, tokenizer, delta.logprobs, offset)
             offset += len(delta.text)
-            if delta.text or delta.finish_reason or body is not None:
+            if tool_stream is not None:
+                _stream_tools(tool_stream, delta, fmt, out, index, body)
+            elif delta.text or delta.finish_reason or body is not None:
                 out.append(fmt.chunk(delta.text, delta.finish_reason, index, body))
         else:
             pieces.append(delta.text)
     body = _body(fmt.chat, tokenizer, logprobs, 0) if wants and not stream else None
-    return "".join(pieces), finish_reason, body, completion_tokens
+    text: str | None = "".join(pieces)
+    calls = None
+    if plan is not None and not stream and text is not None:
+        text, calls, finish_reason = plan.message(text, finish_reason)
+    return text, finish_reason, body, completion_tokens, calls
+
+
+def _stream_tools(tool_stream: ToolStream, delta: TextDelta, fmt: CompletionFormat, out: ResultLog, index: int,
+                  body: Any) -> None:  # fmt: skip
+    """A streamed chat choice under tools: content deltas, then tool_calls deltas once they are known."""
+    parts = tool_stream.feed(delta.text)
+    reason = None
+    if delta.finish_reason:
+        tail, reason = tool_stream.finish(delta.finish_reason)
+        parts += tail
+    if not parts and (reason or body is not None):
+        parts = [{}]
+    for k, part in enumerate(parts):
+        last = k == len(parts) - 1
+        out.append(fmt.delta_chunk(part, reason if last else None, index, body if last else None))
 
 
 def _nth(params: SamplingParams, j: int) -> SamplingParams:

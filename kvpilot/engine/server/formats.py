@@ -44,17 +44,22 @@ class CompletionFormat:
             "system_fingerprint": self.fingerprint,
         }
 
-    def whole(self, choices: list[tuple[str, str | None, Any]], usage: Usage) -> dict[str, Any]:
-        """choices: (text, finish reason, logprobs body or None) in index order."""
+    def whole(self, choices: list[tuple[str | None, str | None, Any, Any]], usage: Usage) -> dict[str, Any]:
+        """choices: (text, finish reason, logprobs body or None, tool calls or None) in index order."""
         if self.chat:
             chat = [
-                ChatChoice(index=i, message=AssistantMessage(content=text), finish_reason=reason, logprobs=lp)
-                for i, (text, reason, lp) in enumerate(choices)
-            ]
-            return ChatCompletion(choices=chat, usage=usage, **self._common()).model_dump()
+                ChatChoice(index=i, message=AssistantMessage(content=text, tool_calls=calls), finish_reason=reason,
+                           logprobs=lp)
+                for i, (text, reason, lp, calls) in enumerate(choices)
+            ]  # fmt: skip
+            body = ChatCompletion(choices=chat, usage=usage, **self._common()).model_dump()
+            for choice in body["choices"]:
+                if choice["message"]["tool_calls"] is None:
+                    del choice["message"]["tool_calls"]
+            return body
         texts = [
-            CompletionChoice(index=i, text=text, finish_reason=reason, logprobs=lp)
-            for i, (text, reason, lp) in enumerate(choices)
+            CompletionChoice(index=i, text=text or "", finish_reason=reason, logprobs=lp)
+            for i, (text, reason, lp, _) in enumerate(choices)
         ]
         return Completion(choices=texts, usage=usage, **self._common()).model_dump()
 
@@ -74,6 +79,11 @@ class CompletionFormat:
             body = Completion(choices=[choice_t], **self._common()).model_dump()
         return self._chunk_event(body)
 
+    def delta_chunk(self, delta: dict[str, Any], finish_reason: str | None, index: int, logprobs: Any = None) -> str:
+        """A chat chunk with a delta of {"content": ...} or {"tool_calls": [...]} (or neither)."""
+        choice = ChatChunkChoice(index=index, delta=ChatDelta(**delta), finish_reason=finish_reason, logprobs=logprobs)
+        return self._chunk_event(ChatCompletionChunk(choices=[choice], **self._common()).model_dump())
+
     def usage_chunk(self, usage: Usage) -> str:
         if self.chat:
             body = ChatCompletionChunk(choices=[], usage=usage, **self._common()).model_dump()
@@ -82,6 +92,10 @@ class CompletionFormat:
         return sse(body)
 
     def _chunk_event(self, body: dict[str, Any]) -> str:
+        for choice in body.get("choices", ()):
+            delta = choice.get("delta")
+            if delta is not None and delta.get("tool_calls") is None:
+                delta.pop("tool_calls", None)
         # OpenAI sends "usage": null on every chunk only when the client asked for usage.
         if not self.include_usage:
             body.pop("usage", None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kvpilot.engine.sampling_params import SamplingParams
@@ -42,21 +43,50 @@ def _reject_chat_only(req: ChatCompletionRequest) -> None:
     if req.continue_final_message:
         _unsupported("continue_final_message", "continue_final_message is not supported; send it as a text "
                      "completion (render the prompt with /tokenize)")  # fmt: skip
-    for name in ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls"):
+    for name in ("functions", "function_call"):
         if getattr(req, name) is not None:
-            _unsupported(
-                name, f"{name} is not supported yet: this server does not call tools; remove {name!r} from the request"
-            )
+            _unsupported(name, f"{name} (the deprecated form) is not supported; send tools and tool_choice instead")
 
 
 def _unsupported(param: str, message: str) -> None:
     raise APIError(400, message, param=param, code="unsupported_parameter")
 
 
-def chat_prompt_ids(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+def chat_messages(req: Any) -> list[dict[str, Any]]:
+    """The messages as the chat template receives them (HF's convention: a tool call's arguments as
+    a dict), or a 400 naming the message whose tool call is malformed."""
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(req.messages):
+        message: dict[str, Any] = {"role": m.role, "content": m.text()}
+        if m.name is not None:
+            message["name"] = m.name
+        if m.tool_call_id is not None:
+            message["tool_call_id"] = m.tool_call_id
+        if m.tool_calls:
+            if m.role != "assistant":
+                raise APIError(400, f"messages.{i}: only assistant messages carry tool_calls, this one is {m.role!r}",
+                               param=f"messages.{i}.tool_calls")  # fmt: skip
+            message["tool_calls"] = [_call_for_template(i, j, c) for j, c in enumerate(m.tool_calls)]
+        out.append(message)
+    return out
+
+
+def _call_for_template(i: int, j: int, call: Any) -> dict[str, Any]:
+    param = f"messages.{i}.tool_calls.{j}.function.arguments"
     try:
-        text = tokenizer.apply_chat_template(messages)
+        arguments = json.loads(call.function.arguments)
+    except ValueError as exc:
+        raise APIError(400, f"{param} is not valid JSON ({exc}); send the arguments object as JSON text",
+                       param=param) from exc  # fmt: skip
+    if not isinstance(arguments, dict):
+        raise APIError(400, f"{param} must be a JSON object, got {call.function.arguments[:100]!r}", param=param)
+    return {"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": arguments}}
+
+
+def chat_prompt_ids(tokenizer: Any, req: ChatCompletionRequest, tools: list[dict[str, Any]] | None = None) -> list[int]:
+    messages = chat_messages(req)
+    try:
+        text = tokenizer.apply_chat_template(messages, **({"tools": tools} if tools else {}))
     except ValueError as exc:
         raise APIError(400, f"cannot build the chat prompt: {exc}", param="messages") from exc
     return list(tokenizer.encode(text))

@@ -26,10 +26,23 @@ class TextContentPart(_Body):
     text: str
 
 
+class ToolCallFunction(_Body):
+    name: str = Field(min_length=1)
+    arguments: str = Field(description="The arguments as JSON text (an object), as OpenAI returns them.")
+
+
+class ToolCall(_Body):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = Field(default=None, description="An assistant turn's tool calls.")
+    tool_call_id: str | None = Field(default=None, description="A tool turn: the call it answers.")
 
     def text(self) -> str:
         if self.content is None:
@@ -43,6 +56,19 @@ StopField = Annotated[
     str | list[Annotated[str, Field(min_length=1)]] | None,
     Field(description="Sequences where generation stops (not returned); any number (the body limit bounds them)."),
 ]
+
+
+class FunctionDefinition(_Body):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Letters, digits, _ . - (at most 64).")
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(default=None, description="A JSON schema of the arguments object.")
+    strict: bool | None = Field(default=None, description="Accepted; arguments always follow the schema when "
+                                "tool_choice is 'required' or names the function.")  # fmt: skip
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
 
 
 class SamplingFields(_Body):
@@ -97,12 +123,12 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     chat_template_kwargs: Any = Field(default=None, description="Not supported (400).")
     continue_final_message: bool | None = Field(default=None, description="Not supported (400) unless false.")
-    parallel_tool_calls: Any = Field(default=None, description="Not supported (400).")
+    parallel_tool_calls: bool | None = Field(default=None, description="false: at most one tool call.")
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[Tool] | None = Field(default=None, min_length=1, max_length=128)
+    tool_choice: Any = Field(default=None, description="'none' | 'auto' | 'required' | {type: function, function: {name}}.")
     # Accepted only to be refused with a 400 naming them (reject_unsupported), never ignored.
-    tools: Any = Field(default=None, description="Not supported yet: a request with tools is refused (400).")
-    tool_choice: Any = Field(default=None, description="Not supported yet (400).")
     functions: Any = Field(default=None, description="Not supported (400).")
     function_call: Any = Field(default=None, description="Not supported (400).")
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-FinishReason = Literal["stop", "length", "abort"]
+FinishReason = Literal["stop", "length", "abort", "tool_calls"]
 
 
 class PromptTokensDetails(BaseModel):
@@ -41,9 +41,21 @@ class CompletionBody(BaseModel):
     system_fingerprint: str
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None  # only with tools; left out of the body otherwise
 
 
 class TopLogprob(BaseModel):
@@ -82,9 +94,22 @@ class ChatCompletion(CompletionBody):
     usage: Usage
 
 
+class FunctionCallDelta(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(BaseModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+
+
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None  # only when calls stream; left out of the body otherwise
 
 
 class ChatChunkChoice(BaseModel):

@@ -49,6 +49,7 @@ class ServerSettings:
     warmup: bool = True
     faults: FaultSettings = field(default_factory=FaultSettings)  # test only
     chat_template: str | None = None  # --chat-template: replaces the tokenizer's own
+    tool_call_parser: str = "auto"  # --tool-call-parser: auto (from the template) | hermes | llama3_json | none
 
 
 class ServerRuntime:
@@ -202,6 +203,16 @@ class ServerRuntime:
     @staticmethod
     def created_now() -> int:
         return int(time.time())
+
+    @property
+    def tool_call_parser(self) -> str | None:
+        """The parser for tool_choice 'auto' (None: auto is refused)."""
+        choice = self.settings.tool_call_parser
+        if choice == "auto":
+            from kvpilot.engine.server.tool_parsers import detect_parser
+
+            return detect_parser(self.tokenizer.chat_template)
+        return None if choice == "none" else choice
 
     @property
     def tokenizer(self) -> Any:

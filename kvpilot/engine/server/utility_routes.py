@@ -9,7 +9,8 @@ from pydantic import BaseModel, Field
 
 from kvpilot import __version__
 from kvpilot.engine.server.errors import APIError
-from kvpilot.engine.server.protocol import ChatMessage, _Body
+from kvpilot.engine.server.prompts import chat_messages
+from kvpilot.engine.server.protocol import ChatMessage, Tool, _Body
 from kvpilot.engine.server.runtime import ServerRuntime
 
 utility_router = APIRouter()
@@ -19,6 +20,7 @@ class TokenizeRequest(_Body):
     model: str | None = None
     prompt: str | None = Field(default=None, description="Text to tokenize (or messages).")
     messages: list[ChatMessage] | None = Field(default=None, description="Rendered with the chat template first.")
+    tools: list[Tool] | None = Field(default=None, description="With messages: rendered by the template, as in chat.")
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 
@@ -58,10 +60,13 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
         raise APIError(400, "send exactly one of 'prompt' (text) or 'messages' (a chat)", param="prompt")
     tokenizer = runtime.tokenizer
     text = body.prompt
+    if body.tools is not None and body.messages is None:
+        raise APIError(400, "tools are rendered by the chat template: send them with 'messages'", param="tools")
     if body.messages is not None:
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        messages = chat_messages(body)
+        tools = {"tools": [t.model_dump(exclude_none=True) for t in body.tools]} if body.tools else {}
         try:
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt)
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt, **tools)
         except ValueError as exc:
             raise APIError(400, f"cannot build the chat prompt: {exc}", param="messages") from exc
     ids = await runtime.run_cpu(tokenizer.encode, text, body.add_special_tokens)

@@ -1,0 +1,193 @@
+"""Tool calling on chat completions: what the request asks (tools + tool_choice), how the output is
+constrained (tool_choice "required" or a named function: a JSON schema through structured output),
+and how the generated text becomes OpenAI `tool_calls`, whole or streamed.
+
+- "none": tools are rendered by the chat template; the output is plain content.
+- "auto" (the default with tools): unconstrained; the output is parsed in the model's own format
+  (tool_parsers.py: hermes or llama3_json), chosen by --tool-call-parser or from the template.
+- "required": the output is a JSON array of {"name", "arguments"} objects, one of the offered tools
+  each (at most one with parallel_tool_calls=false).
+- {"type": "function", "function": {"name": X}}: the output is X's arguments object.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvpilot.engine.server.errors import APIError
+from kvpilot.engine.server.tool_parsers import (
+    HERMES_OPEN,
+    PYTHON_TAG,
+    ParsedCall,
+    held_back,
+    new_call_id,
+    parse_tool_calls,
+)
+from kvpilot.engine.structured.spec import StructuredSpec
+
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+@dataclass
+class ToolPlan:
+    mode: str  # none | auto | required | named
+    tools: list[dict[str, Any]]  # OpenAI tool objects, as the chat template receives them
+    parser: str | None = None  # auto only
+    named: str | None = None
+    parallel: bool = True
+    names: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.names = {t["function"]["name"] for t in self.tools}
+
+    def spec(self) -> StructuredSpec | None:
+        """The constraint tool_choice puts on the output (required / named), else None."""
+        params = {t["function"]["name"]: t["function"].get("parameters") or ANY_OBJECT for t in self.tools}
+        if self.mode == "named":
+            assert self.named is not None
+            return StructuredSpec("json_schema", params[self.named])
+        if self.mode != "required":
+            return None
+        items = [
+            {"type": "object", "properties": {"name": {"const": name}, "arguments": schema},
+             "required": ["name", "arguments"], "additionalProperties": False}
+            for name, schema in params.items()
+        ]  # fmt: skip
+        array: dict[str, Any] = {"type": "array", "items": items[0] if len(items) == 1 else {"anyOf": items},
+                                 "minItems": 1}  # fmt: skip
+        if not self.parallel:
+            array["maxItems"] = 1
+        return StructuredSpec("json_schema", array)
+
+    def message(self, text: str, finish_reason: str | None) -> tuple[str | None, list[dict[str, Any]] | None, str | None]:
+        """(content, tool_calls, finish_reason) of a whole choice."""
+        calls = self._calls(text)
+        if not calls:
+            return text, None, finish_reason
+        if self.mode == "named":
+            return None, [c.wire() for c in calls], finish_reason  # OpenAI: "stop" for a forced function
+        return (self._content_before(text) if self.mode == "auto" else None), [c.wire() for c in calls], \
+            "tool_calls" if finish_reason == "stop" else finish_reason  # fmt: skip
+
+    def _calls(self, text: str) -> list[ParsedCall]:
+        if self.mode == "named":
+            assert self.named is not None
+            return [ParsedCall(self.named, text)]
+        if self.mode == "required":
+            try:
+                items = json.loads(text)
+            except ValueError:
+                return []  # cut by max_tokens or a stop string: returned as content
+            return [ParsedCall(i["name"], json.dumps(i["arguments"], ensure_ascii=False)) for i in items]
+        if self.mode == "auto" and self.parser is not None:
+            calls = parse_tool_calls(self.parser, text, self.names)[1]
+            return calls if self.parallel else calls[:1]
+        return []
+
+    def _content_before(self, text: str) -> str | None:
+        assert self.parser is not None
+        return parse_tool_calls(self.parser, text, self.names)[0]
+
+    def streamer(self) -> ToolStream:
+        return ToolStream(self)
+
+
+class ToolStream:
+    """Turns one choice's streamed text into chat deltas: content, or tool_calls deltas."""
+
+    def __init__(self, plan: ToolPlan) -> None:
+        self.plan = plan
+        self.text = ""  # everything generated so far
+        self.sent = 0  # characters of `text` already sent as content
+        self.buffering = plan.mode == "required"
+        self.named_id = new_call_id() if plan.mode == "named" else ""
+        self.opened = False  # named: the delta with the call's id and name went out
+
+    def feed(self, piece: str) -> list[dict[str, Any]]:
+        self.text += piece
+        plan = self.plan
+        if plan.mode == "named":  # the output is the arguments: stream it as they come
+            self.sent = len(self.text)
+            call: dict[str, Any] = {"index": 0, "function": {"arguments": piece}}
+            if not self.opened:
+                call = {"index": 0, "id": self.named_id, "type": "function",
+                        "function": {"name": plan.named, "arguments": piece}}  # fmt: skip
+            elif not piece:
+                return []
+            self.opened = True
+            return [{"tool_calls": [call]}]
+        if self.buffering or plan.mode == "none" or plan.parser is None:
+            return self._content(len(self.text)) if not self.buffering else []
+        if plan.parser == "hermes":
+            at = self.text.find(HERMES_OPEN, max(0, self.sent - len(HERMES_OPEN)))
+            if at >= 0:
+                self.buffering = True
+                return self._content(at)
+            return self._content(len(self.text) - held_back(self.text, HERMES_OPEN))
+        head = self.text.lstrip()  # llama3_json: a call is the whole output, so decide on its start
+        if not head or PYTHON_TAG.startswith(head):
+            return []
+        if head.startswith(("{", PYTHON_TAG)):
+            self.buffering = True
+            return []
+        return self._content(len(self.text))
+
+    def finish(self, finish_reason: str | None) -> tuple[list[dict[str, Any]], str | None]:
+        """The last deltas and the choice's finish reason."""
+        if self.plan.mode == "named":
+            return ([] if self.opened else self.feed("")), finish_reason
+        _, calls, reason = self.plan.message(self.text, finish_reason)
+        if not calls:
+            return self._content(len(self.text)), finish_reason
+        deltas = [{"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}]
+        return deltas, reason
+
+    def _content(self, upto: int) -> list[dict[str, Any]]:
+        if upto <= self.sent:
+            return []
+        piece, self.sent = self.text[self.sent : upto], upto
+        return [{"content": piece}]
+
+
+def tool_plan(req: Any, parser: str | None, template: str | None) -> ToolPlan | None:
+    """The request's ToolPlan, or None without tools; a 400 naming the field for what cannot be served."""
+    choice = req.tool_choice
+    if not req.tools:
+        if choice is not None and choice != "none":
+            _bad("tool_choice", f"tool_choice {_show(choice)} needs tools; send tools or leave tool_choice out")
+        return None
+    tools = [t.model_dump(exclude_none=True) for t in req.tools]
+    names = [t["function"]["name"] for t in tools]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        _bad("tools", f"tool names must be unique; {dupes} appear more than once")
+    if not template or "tools" not in template:
+        _bad("tools", "this model's chat template does not render `tools`, so the model would never see them; "
+             "serve it with --chat-template FILE whose template renders tools")  # fmt: skip
+    parallel = req.parallel_tool_calls is not False
+    if choice is None or choice == "auto":
+        if parser is None:
+            _bad("tool_choice", "tool_choice 'auto' needs a tool-call parser and this model's chat template shows no "
+                 "format kvpilot knows; start the server with --tool-call-parser hermes|llama3_json, or send "
+                 "tool_choice 'required' or a named function (those constrain the output instead)")  # fmt: skip
+        return ToolPlan("auto", tools, parser=parser, parallel=parallel)
+    if choice in ("none", "required"):
+        return ToolPlan(choice, tools, parallel=parallel)
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        if name not in names:
+            _bad("tool_choice", f"tool_choice names function {name!r}, which is not among the tools {names}")
+        return ToolPlan("named", tools, named=name, parallel=parallel)
+    _bad("tool_choice", f"tool_choice must be 'none', 'auto', 'required' or {{'type': 'function', 'function': "
+         f"{{'name': ...}}}}, got {_show(choice)}")  # fmt: skip
+    raise AssertionError  # unreachable: _bad raises
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value)[:200]
+
+
+def _bad(param: str, message: str) -> None:
+    raise APIError(400, message, param=param, code="invalid_value")

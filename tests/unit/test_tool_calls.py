@@ -1,0 +1,142 @@
+"""Tool calling's pure parts: the model-format parsers, the streamed shaping (split at every
+character), the constraint tool_choice puts on the output, and the 400s for what cannot be served."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+
+from kvpilot.engine.server.errors import APIError
+from kvpilot.engine.server.protocol import ChatCompletionRequest
+from kvpilot.engine.server.tool_parsers import detect_parser, held_back, parse_tool_calls
+from kvpilot.engine.server.tools import ToolPlan, tool_plan
+
+pytestmark = pytest.mark.unit
+
+NAMES = {"get_weather", "lookup"}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+    {"type": "function", "function": {"name": "lookup", "description": "by id"}},
+]  # fmt: skip
+TEMPLATE = "{% if tools %}{{ tools | tojson }}{% endif %}<tool_call>"
+
+
+def calls(parsed: list) -> list[tuple[str, Any]]:
+    return [(c.name, json.loads(c.arguments)) for c in parsed]
+
+
+def test_hermes_calls_content_and_what_stays_text() -> None:
+    text = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n' \
+           '<tool_call>{"name": "lookup", "arguments": "{\\"id\\": 3}"}</tool_call>'  # fmt: skip
+    content, parsed = parse_tool_calls("hermes", text, NAMES)
+    assert content == "Let me check." and calls(parsed) == [("get_weather", {"city": "Oslo"}), ("lookup", {"id": 3})]
+    assert all(c.id.startswith("call_") for c in parsed) and parsed[0].id != parsed[1].id
+    for plain in ("no calls here", '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>', "<tool_call>{oops"):
+        assert parse_tool_calls("hermes", plain, NAMES) == (plain, [])
+    unclosed = '<tool_call>{"name": "lookup", "arguments": {}}'  # cut before the closing tag: still a call
+    assert calls(parse_tool_calls("hermes", unclosed, NAMES)[1]) == [("lookup", {})]
+
+
+def test_llama3_json_calls() -> None:
+    text = '<|python_tag|>{"name": "lookup", "parameters": {"id": 1}}; {"name": "get_weather", "parameters": {"city": "x"}}'
+    content, parsed = parse_tool_calls("llama3_json", text, NAMES)
+    assert content is None and calls(parsed) == [("lookup", {"id": 1}), ("get_weather", {"city": "x"})]
+    for plain in ("The answer is {x}", '{"name": "nope", "parameters": {}}', '{"name": "lookup", "parameters": 3}'):
+        assert parse_tool_calls("llama3_json", plain, NAMES) == (plain, [])
+
+
+def test_detect_parser_and_held_back() -> None:
+    assert detect_parser("...<tool_call>...") == "hermes"
+    assert detect_parser("<|python_tag|>{{ x }}") == "llama3_json"
+    assert detect_parser("{{ messages }}") is None and detect_parser(None) is None
+    assert held_back("abc<tool", "<tool_call>") == 5 and held_back("abc", "<tool_call>") == 0
+    assert held_back("<", "<tool_call>") == 1
+
+
+def streamed(plan: ToolPlan, text: str, reason: str = "stop") -> tuple[str, list[dict], str | None]:
+    """Feed `text` one character at a time: (content, tool-call deltas, finish reason)."""
+    stream = plan.streamer()
+    parts = [p for ch in text for p in stream.feed(ch)]
+    tail, final = stream.finish(reason)
+    parts += tail
+    content = "".join(p.get("content", "") for p in parts)
+    deltas = [d for p in parts for d in p.get("tool_calls", [])]
+    return content, deltas, final
+
+
+def test_streamed_auto_hermes_equals_the_whole_parse() -> None:
+    plan = ToolPlan("auto", TOOLS, parser="hermes")
+    text = 'Hi <tool <tool_call>{"name": "lookup", "arguments": {"id": 2}}</tool_call>'
+    content, deltas, reason = streamed(plan, text)
+    assert content == "Hi <tool " and reason == "tool_calls"
+    assert [(d["function"]["name"], json.loads(d["function"]["arguments"])) for d in deltas] == [("lookup", {"id": 2})]
+    whole = plan.message(text, "stop")
+    assert whole[0] == "Hi <tool" and whole[2] == "tool_calls" and len(whole[1] or []) == 1
+    plain = "no <tool_call here"  # a partial tag is held back, then released as content
+    assert streamed(plan, plain) == (plain, [], "stop")
+
+
+def test_streamed_named_arguments_and_required_array() -> None:
+    named = ToolPlan("named", TOOLS, named="get_weather")
+    content, deltas, reason = streamed(named, '{"city": "Rome"}')
+    assert content == "" and reason == "stop" and deltas[0]["function"]["name"] == "get_weather"
+    assert "".join(d["function"]["arguments"] for d in deltas) == '{"city": "Rome"}'
+    assert len({d.get("id") for d in deltas if d.get("id")}) == 1
+    required = ToolPlan("required", TOOLS)
+    text = '[{"name": "lookup", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "a"}}]'
+    content, deltas, reason = streamed(required, text)
+    assert content == "" and reason == "tool_calls" and [d["index"] for d in deltas] == [0, 1]
+    cut = '[{"name": "lookup", "argu'  # max_tokens cut the array: returned as content, reason kept
+    assert streamed(required, cut, "length") == (cut, [], "length")
+    llama = ToolPlan("auto", TOOLS, parser="llama3_json")
+    assert streamed(llama, '  {"name": "lookup", "parameters": {"id": 4}}')[2] == "tool_calls"
+    assert streamed(llama, "plain words") == ("plain words", [], "stop")
+
+
+def test_required_and_named_constraints_accept_exactly_the_calls() -> None:
+    schema = ToolPlan("required", TOOLS).spec().value  # type: ignore[union-attr]
+    jsonschema.validate([{"name": "get_weather", "arguments": {"city": "x"}}, {"name": "lookup", "arguments": {}}],
+                        schema)  # fmt: skip
+    for bad in ([], [{"name": "get_weather", "arguments": {}}], [{"name": "other", "arguments": {}}]):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+    single = ToolPlan("required", TOOLS, parallel=False).spec().value  # type: ignore[union-attr]
+    assert single["maxItems"] == 1
+    assert ToolPlan("named", TOOLS, named="get_weather").spec().value == TOOLS[0]["function"]["parameters"]  # type: ignore[union-attr]
+    assert ToolPlan("auto", TOOLS, parser="hermes").spec() is None and ToolPlan("none", TOOLS).spec() is None
+
+
+def request(**fields: Any) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "x"}], **fields})
+
+
+@pytest.mark.parametrize(
+    ("fields", "parser", "template", "param", "words"),
+    [({"tool_choice": "required"}, "hermes", TEMPLATE, "tool_choice", "needs tools"),
+     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "hermes", TEMPLATE,
+      "tool_choice", "not among the tools"),
+     ({"tools": TOOLS, "tool_choice": "sometimes"}, "hermes", TEMPLATE, "tool_choice", "must be 'none'"),
+     ({"tools": [TOOLS[1], TOOLS[1]]}, "hermes", TEMPLATE, "tools", "unique"),
+     ({"tools": TOOLS}, "hermes", "{{ messages }}", "tools", "does not render `tools`"),
+     ({"tools": TOOLS, "tool_choice": "auto"}, None, TEMPLATE, "tool_choice", "--tool-call-parser")],
+)  # fmt: skip
+def test_tool_requests_that_cannot_be_served_are_400(fields: dict, parser: str | None, template: str, param: str,
+                                                     words: str) -> None:  # fmt: skip
+    with pytest.raises(APIError) as info:
+        tool_plan(request(**fields), parser, template)
+    assert info.value.status == 400 and info.value.param == param and words in info.value.message
+
+
+def test_plans_by_tool_choice() -> None:
+    assert tool_plan(request(), "hermes", TEMPLATE) is None
+    assert tool_plan(request(tool_choice="none"), None, None) is None
+    auto = tool_plan(request(tools=TOOLS), "hermes", TEMPLATE)
+    assert auto is not None and auto.mode == "auto" and auto.names == NAMES
+    named = tool_plan(request(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "lookup"}},
+                              parallel_tool_calls=False), None, TEMPLATE)  # fmt: skip
+    assert named is not None and (named.mode, named.named, named.parallel) == ("named", "lookup", False)
+    assert tool_plan(request(tools=TOOLS, tool_choice="required"), None, TEMPLATE).mode == "required"  # type: ignore[union-attr]
