@@ -169,6 +169,10 @@ async def _prepare(
             runtime.record_rejection("invalid")
             raise APIError(400, f"logit_bias token id {max(ids)} is out of range: this vocabulary has ids "
                            f"0..{vocab_size - 1}", param="logit_bias")  # fmt: skip
+    if req.stop_token_ids and vocab_size is not None and max(req.stop_token_ids) >= vocab_size:
+        runtime.record_rejection("invalid")
+        raise APIError(400, f"stop_token_ids holds {max(req.stop_token_ids)}, out of range: this vocabulary has ids "
+                       f"0..{vocab_size - 1}", param="stop_token_ids")  # fmt: skip
     structured = await _structured(runtime, req, plan)
     default = None if chat else runtime.settings.default_completion_max_tokens
     requested = req.requested_max_tokens()

@@ -8,6 +8,7 @@ from typing import Any
 from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.server.errors import APIError
 from kvpilot.engine.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from kvpilot.engine.server.vllm_extensions import reject_vllm_extensions
 from kvpilot.engine.structured.spec import StructuredSpec
 
 DEFAULT_TEMPERATURE = 1.0
@@ -15,6 +16,7 @@ DEFAULT_TEMPERATURE = 1.0
 
 def reject_unsupported(req: SamplingFields) -> None:
     """A 400 for options this server does not implement, instead of silently ignoring them."""
+    reject_vllm_extensions(req.model_extra)
     if req.n not in (None, 1) and isinstance(req, CompletionRequest) and req.echo:
         _unsupported("n", f"n={req.n} with echo=true is not supported: echo scores the prompt once; send n=1")
     if req.prompt_logprobs is not None:
@@ -38,11 +40,19 @@ def reject_unsupported(req: SamplingFields) -> None:
 def _reject_chat_only(req: ChatCompletionRequest) -> None:
     if req.top_logprobs and not req.logprobs:
         _unsupported("top_logprobs", "top_logprobs needs logprobs=true")
-    if req.chat_template_kwargs is not None:
-        _unsupported("chat_template_kwargs", "chat_template_kwargs is not supported; the template gets messages only")
+    kwargs = req.chat_template_kwargs
+    if kwargs is not None:
+        reserved = sorted(set(kwargs) & RESERVED_TEMPLATE_NAMES)
+        if reserved:
+            _unsupported("chat_template_kwargs", f"chat_template_kwargs cannot set {reserved}: the server sets those "
+                         "(messages, tools, add_generation_prompt, bos_token, eos_token)")  # fmt: skip
     if req.continue_final_message:
-        _unsupported("continue_final_message", "continue_final_message is not supported; send it as a text "
-                     "completion (render the prompt with /tokenize)")  # fmt: skip
+        if req.messages[-1].role != "assistant":
+            _unsupported("continue_final_message", "continue_final_message continues the last message, which must "
+                         f"be the assistant's; it is {req.messages[-1].role!r}")  # fmt: skip
+        if req.add_generation_prompt:
+            _unsupported("add_generation_prompt", "add_generation_prompt must be false with continue_final_message "
+                         "(the assistant's message is continued, not started)")  # fmt: skip
     for name in ("functions", "function_call"):
         if getattr(req, name) is not None:
             _unsupported(name, f"{name} (the deprecated form) is not supported; send tools and tool_choice instead")
@@ -83,12 +93,26 @@ def _call_for_template(i: int, j: int, call: Any) -> dict[str, Any]:
     return {"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": arguments}}
 
 
+RESERVED_TEMPLATE_NAMES = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
+
+
 def chat_prompt_ids(tokenizer: Any, req: ChatCompletionRequest, tools: list[dict[str, Any]] | None = None) -> list[int]:
     messages = chat_messages(req)
+    kwargs: dict[str, Any] = dict(req.chat_template_kwargs or {})
+    if tools:
+        kwargs["tools"] = tools
+    add_prompt = req.add_generation_prompt and not req.continue_final_message
     try:
-        text = tokenizer.apply_chat_template(messages, **({"tools": tools} if tools else {}))
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_prompt, **kwargs)
     except ValueError as exc:
         raise APIError(400, f"cannot build the chat prompt: {exc}", param="messages") from exc
+    if req.continue_final_message:  # end the prompt right after the final message's text (as vLLM does)
+        final = messages[-1]["content"]
+        at = text.rfind(final) if final else -1
+        if at < 0:
+            raise APIError(400, "continue_final_message: the chat template does not render the final message's text "
+                           "verbatim, so it cannot be continued", param="continue_final_message")  # fmt: skip
+        text = text[: at + len(final)]
     return list(tokenizer.encode(text))
 
 
@@ -167,6 +191,7 @@ def sampling_params(req: SamplingFields, max_tokens: int, structured: Structured
             seed=req.seed,
             max_tokens=max_tokens,
             stop=req.stop_list(),
+            stop_token_ids=list(req.stop_token_ids or []),
             ignore_eos=req.ignore_eos,
             logprobs=requested_logprobs(req),
             presence_penalty=float(req.presence_penalty or 0.0),

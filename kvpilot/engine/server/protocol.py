@@ -74,6 +74,10 @@ class Tool(_Body):
 class SamplingFields(_Body):
     """Fields shared by chat and text completions."""
 
+    # Unknown fields are kept (not validated) so that vLLM extensions this server does not implement
+    # can be refused by name (vllm_extensions.py); any other unknown field is still ignored.
+    model_config = ConfigDict(extra="allow", strict=True)
+
     model: str = Field(description="The served model's name, as listed by GET /v1/models.")
     max_tokens: int | None = Field(default=None, ge=1, description="Tokens to generate at most.")
     temperature: float | None = Field(default=None, ge=0.0, le=MAX_TEMPERATURE)
@@ -90,6 +94,9 @@ class SamplingFields(_Body):
     logit_bias: dict[str, float] | None = Field(default=None, description="Token id (as a string) -> bias in [-100, 100].")
     min_tokens: int | None = Field(default=None, ge=0, description="Extension: no EOS/stop token before this many.")
     ignore_eos: bool = Field(default=False, description="Extension: keep generating past EOS.")
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None, description="Extension (vLLM): token ids that end the output (kept in it unless special)."
+    )
     user: str | None = None
     # Structured output (server/structured_request.py): at most one of these per request.
     response_format: Any = Field(
@@ -121,8 +128,15 @@ class SamplingFields(_Body):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    chat_template_kwargs: Any = Field(default=None, description="Not supported (400).")
-    continue_final_message: bool | None = Field(default=None, description="Not supported (400) unless false.")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None, description="Extension (vLLM): extra variables for the chat template (e.g. enable_thinking)."
+    )
+    continue_final_message: bool = Field(
+        default=False, description="Extension (vLLM): continue the final (assistant) message instead of a new turn."
+    )
+    add_generation_prompt: bool = Field(
+        default=True, description="Extension (vLLM): end the prompt with the template's assistant header."
+    )
     parallel_tool_calls: bool | None = Field(default=None, description="false: at most one tool call.")
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
