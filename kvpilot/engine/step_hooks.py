@@ -55,7 +55,7 @@ class StepHooks:
         checks: list[ApproximationCheck] = [EvictionCheck(runner, bm, requeue)] if evicting else []
         checks += kv_quant_checks(runner, bm, requeue)
         checks += linear_checks(runner, bm, requeue, evicting)
-        checks += mla_checks(runner)
+        checks += mla_checks(runner, bm, requeue)
         self.validation = ValidationRunner(config, runner, checks)
         self.block_manager = bm
         layers = runner.model.attention_layers()

@@ -131,3 +131,43 @@ def test_a_full_reserve_makes_the_second_fallback_wait_then_recompute_exactly(ck
     for prompt, tokens in zip(prompts, got, strict=True):
         assert tokens[k:] == engine_greedy(engine(ckpt), [prompt + tokens[:k]], NEW - k)[0]
     assert eng.block_manager.num_used_blocks == 0
+
+
+def full_rank(eng: LLMEngine) -> int:
+    mc = eng.model_config
+    return min(2 * mc.num_key_value_heads * mc.head_dim, mc.hidden_size)
+
+
+def test_rank_one_mla_conversion_falls_back_to_the_unconverted_layers(ckpt):
+    # a rank-1 latent block is 1/64 of a K/V block: 4096 of them, half their bytes as K/V reserve (32 blocks)
+    eng = engine(ckpt, attention="mla", latent_rank=1, num_kv_blocks=4096, **GUARDED)
+    prompt = prompt_of(40)
+    got, feed = run(eng, prompt)
+    assert_fell_back_then_exact(ckpt, got, feed, "mla", prompt)
+    n_exact, n_latent = eng.runner.kv_pool_sizes
+    assert feed["reserve"]["blocks_total"] == n_exact == 32 and n_latent == 2048
+    kv = eng.stats()
+    assert kv["memory_bytes"]["kv_pool"] == eng.runner.kv_cache.numel() * 4 + eng.runner.cache.reserve_cache.numel() * 4
+    assert eng.block_manager.num_used_blocks == 0
+
+
+def test_healthy_mla_conversion_passes_its_checks(ckpt):
+    eng = engine(ckpt, attention="mla", latent_rank=64, **GUARDED)
+    assert eng.runner.mla.latent_rank == full_rank(eng)
+    _, feed = run(eng, prompt_of(40))
+    assert_healthy(feed, "mla")
+
+
+def test_reserve_and_latent_sequences_share_steps(ckpt):
+    """Request 'b' is validated (rate 0.5 by request id) and falls back to the K/V reserve; 'a' is
+    not and stays on the latent pool: every step after the fallback splits the batch by pool, and
+    each sequence's tokens are those of its own path alone."""
+    mla = {"attention": "mla", "latent_rank": 1, "num_kv_blocks": 4096}
+    eng = engine(ckpt, **mla, **{**GUARDED, "validation_sample_rate": 0.5})
+    prompts = [prompt_of(40), prompt_of(33, seed=2)]
+    got = engine_greedy(eng, prompts, NEW, ["a", "b"])
+    feed = eng.stats()["validation"]
+    assert feed["fallbacks_total"]["mla"]["low_cosine"] == 1 and feed["checks_total"] == 1
+    k = EVERY + 1
+    assert got[1][k:] == engine_greedy(engine(ckpt), [prompts[1] + got[1][:k]], NEW - k)[0]
+    assert got[0] == engine_greedy(engine(ckpt, **mla), [prompts[0]], NEW)[0]

@@ -125,29 +125,52 @@ class KVCache:
     pool_sizes: tuple[int, ...]
     kv_cache8: tuple[torch.Tensor, torch.Tensor] | None = None
     kv_scales: torch.Tensor | None = None
+    reserve_cache: torch.Tensor | None = None  # the MLA conversion's K/V fallback reserve
 
     @property
     def quant_bytes(self) -> int:
-        """Bytes of the 8-bit K/V and scales beside `kv_cache` (0 without them)."""
-        if self.kv_cache8 is None or self.kv_scales is None:
-            return 0
-        return sum(t.numel() * t.element_size() for t in (*self.kv_cache8, self.kv_scales))
+        """Bytes beside `kv_cache`: the 8-bit K/V and scales, or the MLA conversion's K/V reserve (0: none)."""
+        extra = [] if self.reserve_cache is None else [self.reserve_cache]
+        if self.kv_cache8 is not None and self.kv_scales is not None:
+            extra += [*self.kv_cache8, self.kv_scales]
+        return sum(t.numel() * t.element_size() for t in extra)
+
+
+def latent_reserve_blocks(
+    layout: KVLayout, mc: ModelConfig, num_blocks: int, block_size: int, latent_width: int, share: float
+) -> tuple[int, int]:
+    """(K/V reserve blocks, latent blocks) for a pool of num_blocks latent blocks: `share` of its bytes
+    held as K/V blocks of the unconverted layers (the MLA conversion's fallback reserve)."""
+    if share <= 0.0:
+        return 0, num_blocks
+    if num_blocks < 2:
+        raise ValueError(f"an MLA conversion with a fallback reserve needs >= 2 KV blocks, got {num_blocks}")
+    n_latent = max(1, num_blocks - max(1, round(num_blocks * share)))
+    latent = block_bytes(layout, mc, block_size, latent_width)
+    return max(1, (num_blocks - n_latent) * latent // layout.bytes16(mc, block_size)), n_latent
 
 
 def allocate_kv_cache(
     layout: KVLayout, model: nn.Module, mc: ModelConfig, num_blocks: int, block_size: int,
-    latent_width: int | None, device: torch.device,
+    latent_width: int | None, device: torch.device, exact_reserve: float = 0.0,
 ) -> KVCache:
     """Allocate the pool for `num_blocks` blocks of `block_bytes` each and wire every attention layer.
-    `latent_width`: the MLA conversion's rank or DeepSeek's latent width (None: a K/V cache)."""
+    `latent_width`: the MLA conversion's rank or DeepSeek's latent width (None: a K/V cache);
+    `exact_reserve`: the MLA conversion's share of K/V reserve blocks (strategies/mla/reserve.py)."""
     layers = model.attention_layers()  # type: ignore[operator]
     if layout.is_quantised:  # int8 / fp8 / auto switching: 8-bit K/V and scales per layer
         return _allocate_quantised(layout, layers, mc, num_blocks, block_size, device)
     if latent_width is not None:  # MLA: one latent row per token and layer (layers/latent_attention.py)
-        cache = torch.zeros((len(layers), num_blocks, block_size, latent_width), dtype=layout.dtype, device=device)
+        n_exact, n_latent = latent_reserve_blocks(layout, mc, num_blocks, block_size, latent_width, exact_reserve)
+        cache = torch.zeros((len(layers), n_latent, block_size, latent_width), dtype=layout.dtype, device=device)
+        reserve = torch.zeros((2, len(layers), n_exact, block_size, mc.num_key_value_heads, mc.head_dim),
+                              dtype=layout.dtype, device=device) if n_exact else None  # fmt: skip
         for i, attn in enumerate(layers):
             attn.kv_cache = cache[i]
-        return KVCache(cache, num_blocks, (num_blocks,))
+            if reserve is not None:  # the MLA conversion's fallback reserve (strategies/mla/reserve.py)
+                attn.reserve_k, attn.reserve_v, attn.first_latent = reserve[0, i], reserve[1, i], n_exact
+        sizes = (n_exact, n_latent) if n_exact else (n_latent,)
+        return KVCache(cache, n_exact + n_latent, sizes, reserve_cache=reserve)
     shape = (2, len(layers), num_blocks, block_size, mc.num_key_value_heads, mc.head_dim)
     cache = torch.zeros(shape, dtype=layout.dtype, device=device)
     for i, attn in enumerate(layers):

@@ -98,7 +98,7 @@ class ModelRunner:
             num_blocks = all_reduce_min(num_blocks, self.device)
         self.cache: KVCache = allocate_kv_cache(
             self.kv_layout, self.model, self.rank_kv_config, num_blocks, self.block_size,
-            self.mla.latent_width, self.device,
+            self.mla.latent_width, self.device, config.fallback_reserve if self.mla.mode == "converted" else 0.0,
         )  # fmt: skip
         self.kv_cache = self.cache.kv_cache
         self.num_kv_blocks = self.cache.num_blocks

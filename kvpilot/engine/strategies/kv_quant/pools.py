@@ -50,4 +50,12 @@ def kv_feed(runner: Any, block_manager: Any, running: int) -> KVFeed:
         )
     name = dtype_name(layout.dtype)
     per_block = runner.bytes_per_block
+    if isinstance(block_manager, PooledBlockManager):  # a fallback reserve: K/V blocks beside latent ones (MLA)
+        exact = layout.bytes16(mc, bs) if runner.mla.mode == "converted" else per_block
+        sizes = {POOL16: exact, POOL8: per_block}
+        pools = block_manager.pools
+        return KVFeed(
+            name, {name: running}, sum(pools[p].num_blocks * sizes[p] for p in pools),
+            sum(pools[p].num_used_blocks * sizes[p] for p in pools),
+        )
     return KVFeed(name, {name: running}, runner.num_kv_blocks * per_block, block_manager.num_used_blocks * per_block)

@@ -15,9 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvpilot.engine.context import get_context
 from kvpilot.engine.layers.latent_attention import LatentAttention
 from kvpilot.engine.models.llama import LlamaAttention
 from kvpilot.engine.strategies.mla.decode import DecodePlanner, converted_mla_decode
+from kvpilot.engine.strategies.mla.reserve import attend_with_reserve
 from kvpilot.engine.strategies.mla.svd import MlaConversion, factorize_kv
 
 
@@ -38,8 +40,9 @@ class ConvertedMlaAttention(nn.Module):
         self.register_buffer("v_bias", None if src.v_proj.bias is None else src.v_proj.bias.detach().clone())
         self.attn = LatentAttention(self.num_heads, conv.rank, src.attn.scale)
         self.conversion = conv
-        # The original projections stay for runtime validation's exact side (strategies/mla/check.py): dense
-        # passes only, since the paged cache holds latents. They cost weights, not KV memory.
+        # The original projections stay for runtime validation's exact side (strategies/mla/check.py) and the
+        # fallback reserve (strategies/mla/reserve.py), where a failing sequence is served unconverted. They
+        # cost weights, not KV memory.
         self.k_proj, self.v_proj = src.k_proj, src.v_proj
         self.force_exact = False
         # the step's gather index, padding mask and RoPE table, shared by the layers of one model
@@ -54,10 +57,15 @@ class ConvertedMlaAttention(nn.Module):
         q, _ = self.rotary_emb(positions, q, q[:, :1])
         if self.force_exact:  # dense recompute with the checkpoint's own K/V (validation)
             o = self.attn(q, x, positions, self._expand_exact)
+        elif getattr(self.attn, "first_latent", 0) and not get_context().dense:  # a fallback reserve beside
+            o = attend_with_reserve(q, x, positions, self.attn, self._expand_exact, self._latent)
         else:
-            decode = self._decode if self.batched_decode else None
-            o = self.attn(q, F.linear(x, self.down), positions, self._expand, decode)
+            o = self._latent(q, x, positions)
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
+
+    def _latent(self, q: torch.Tensor, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        decode = self._decode if self.batched_decode else None
+        return self.attn(q, F.linear(x, self.down), positions, self._expand, decode)
 
     def _expand(self, rows: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n = rows.shape[0]

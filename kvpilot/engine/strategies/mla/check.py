@@ -1,42 +1,47 @@
-"""Runtime validation of the MLA conversion (attention="mla", latent_rank r).
+"""Runtime validation of the MLA conversion (attention="mla", latent_rank r): exact side and fallback.
 
 Exact side: the model run densely with every converted layer using the checkpoint's own K/V
-projections (kept beside the factorisation). No fallback: the paged cache of a converted model
-holds rank-r latents, not K/V, so there is no exact paged path for a running sequence; a cosine
-below the threshold is logged as a warning and shows in `validation.last_cosine` (the remedy is a
-higher latent_rank or --disable-mla, both deployment settings).
+projections (kept beside the factorisation). Fallback: the fallback reserve holds K/V blocks of the
+unconverted layers (strategies/mla/reserve.py); a failing sequence is flagged `exact_path`, its
+latent blocks are freed, and it is recomputed there with the original attention
+(strategies/fallback). Without a reserve (`fallback_reserve=0`) the check counts and warns only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from kvpilot.engine.core.pools import PooledBlockManager
 from kvpilot.engine.core.sequence import Sequence
+from kvpilot.engine.strategies.fallback.reserve import ReserveFallback
 from kvpilot.engine.strategies.mla.attention import ConvertedMlaAttention
 from kvpilot.engine.validation.runner import DenseRecompute, forcing_exact
 
 
-class MlaConversionCheck(DenseRecompute):
+class MlaConversionCheck(DenseRecompute, ReserveFallback):
     """The MLA conversion's ApproximationCheck (validation/runner.py)."""
 
     name = "mla"
 
+    def __init__(self, runner: Any, block_manager: Any, requeue: Callable[[Sequence], None]) -> None:
+        DenseRecompute.__init__(self, runner)
+        ReserveFallback.__init__(self, block_manager, requeue, runner.model_config.max_position_embeddings)
+        self.pooled = isinstance(block_manager, PooledBlockManager)
+
     def applies(self, seq: Sequence) -> bool:
-        return True
+        return not seq.exact_path
 
     def exact_attention(self, seq: Sequence, layer: int, num_tokens: int) -> torch.Tensor:
         with forcing_exact(self.runner.model, ConvertedMlaAttention):
             return super().exact_attention(seq, layer, num_tokens)
 
     def can_fall_back(self, seq: Sequence) -> bool:
-        return False
-
-    def fall_back(self, seq: Sequence) -> None:  # pragma: no cover - can_fall_back is always False
-        raise RuntimeError("the MLA conversion has no exact paged path to fall back to")
+        return self.pooled and ReserveFallback.can_fall_back(self, seq)
 
 
-def mla_checks(runner: Any) -> list[MlaConversionCheck]:
+def mla_checks(runner: Any, block_manager: Any, requeue: Callable[[Sequence], None]) -> list[MlaConversionCheck]:
     """The conversion's check when the runner serves converted layers, else none."""
-    return [MlaConversionCheck(runner)] if runner.mla.mode == "converted" else []
+    return [MlaConversionCheck(runner, block_manager, requeue)] if runner.mla.mode == "converted" else []

@@ -1,0 +1,85 @@
+"""The MLA conversion beside its fallback reserve: latent blocks for most sequences, K/V for the rest.
+
+With `fallback_reserve > 0` the pool holds two kinds of blocks in one block-id space: K/V blocks of
+the unconverted layer (ids [0, first_latent): the reserve, `reserve_k` / `reserve_v` on the
+LatentAttention) and latent rows (ids from first_latent, rebased to 0 in `kv_cache`). A step's
+tokens are split by pool (kv_quant/layer.split_by_pool, computed once per step): reserve tokens
+project K/V with the checkpoint's own k_proj / v_proj (the unconverted layer) and attend over paged
+K/V; latent tokens run the conversion as before. Runtime validation moves a failing sequence to
+the reserve (strategies/mla/check.py), so from there it is served by the original attention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from kvpilot.engine.context import Context, get_context, set_context
+from kvpilot.engine.kernels import paged_attention_decode, paged_attention_prefill, store_kvcache
+from kvpilot.engine.strategies.kv_quant.layer import KVSplit, PoolPart, split_by_pool
+
+ExactKV = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # x, positions -> k, v
+LatentPart = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # q, x, positions -> o
+
+
+def step_split(ctx: Context, num_tokens: int, first_latent: int, block_size: int) -> KVSplit:
+    """The step's tokens by pool, computed by the first layer and shared by the rest."""
+    if ctx.kv_split is None:
+        ctx.kv_split = split_by_pool(ctx, num_tokens, first_latent, block_size)
+    return ctx.kv_split
+
+
+def attend_with_reserve(
+    q: torch.Tensor,
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    attn: torch.nn.Module,
+    exact_kv: ExactKV,
+    latent_part: LatentPart,
+) -> torch.Tensor:
+    """q [T, H, D] (after RoPE), hidden x [T, hidden] -> [T, H, D]; reserve tokens exact, the rest latent."""
+    ctx = get_context()
+    split = step_split(ctx, q.shape[0], attn.first_latent, attn.kv_cache.shape[1])
+    slots16 = split.slots16
+    if slots16 is not None:
+        rows = torch.nonzero(slots16 >= 0).flatten()
+        if rows.numel():
+            k, v = exact_kv(x[rows], positions[rows])
+            store_kvcache(k.to(attn.reserve_k.dtype), v.to(attn.reserve_v.dtype), attn.reserve_k, attn.reserve_v,
+                          slots16[rows])  # fmt: skip
+    out = torch.empty_like(q)
+    for part in split.parts:
+        if part.quant:  # the latent pool
+            out[part.rows] = _latent(q, x, positions, part, split, latent_part, ctx)
+        else:
+            out[part.rows] = _exact(q[part.rows], part, attn).to(q.dtype)
+    return out
+
+
+def _exact(q: torch.Tensor, part: PoolPart, attn: torch.nn.Module) -> torch.Tensor:
+    kc, vc = attn.reserve_k, attn.reserve_v
+    q = q.to(kc.dtype)
+    if part.prefill:
+        return paged_attention_prefill(q, kc, vc, part.block_tables, part.cu_seqlens_q, part.context_lens, attn.scale)
+    return paged_attention_decode(q, kc, vc, part.block_tables, part.context_lens, attn.scale)
+
+
+def _latent(
+    q: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, part: PoolPart, split: KVSplit,
+    latent_part: LatentPart, ctx: Context,
+) -> torch.Tensor:
+    """The part through the conversion's own path, under a context that describes only its tokens."""
+    rows = part.rows
+    assert split.slots8 is not None
+    sub = Context(slot_mapping=split.slots8[rows])
+    if part.prefill:
+        sub.num_prefill_tokens = int(part.cu_seqlens_q[-1])
+        sub.block_tables, sub.cu_seqlens_q, sub.context_lens = part.block_tables, part.cu_seqlens_q, part.context_lens
+    else:
+        sub.decode_block_tables, sub.decode_context_lens = part.block_tables, part.context_lens
+    set_context(sub)
+    try:
+        return latent_part(q[rows], x[rows], positions[rows])
+    finally:
+        set_context(ctx)
