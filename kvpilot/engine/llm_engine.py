@@ -67,11 +67,10 @@ class LLMEngine:
         # grammar matchers of structured requests; the runner masks their rows' logits with them
         self.structured = StructuredOutput(self.tokenizer, self.model_config.vocab_size, self.tokenizer.eos_token_ids)
         self.runner.structured = self.structured
+        # a recurrent state cannot start from a cached prefix: it is built from token 0
+        self.prefix_caching = config.enable_prefix_caching and self.runner.linear_state is None
         self.block_manager = build_block_manager(  # two pools: auto switching, or a fallback reserve
-            config,
-            self.runner,
-            # a recurrent state cannot start from a cached prefix: it is built from token 0
-            config.enable_prefix_caching and self.runner.linear_state is None,
+            config, self.runner, self.prefix_caching
         )
         self.max_model_len = self._max_model_len()
         self.scheduler = Scheduler(

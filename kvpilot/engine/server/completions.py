@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
@@ -101,18 +102,27 @@ async def serve_completion(
     echo = isinstance(req, CompletionRequest) and req.echo
     texts = echoed_texts(tokenizer, req, prompts) if echo else None
     n = req.n or 1  # n choices per prompt: prompt i's j-th is choice i * n + j (OpenAI's order)
-    if n > 1:
-        prompts = [ids for ids in prompts for _ in range(n)]
-        texts = [t for t in texts for _ in range(n)] if texts is not None else None
+    samples = _samples_per_prompt(req)  # best_of: this many sampled, the n most likely returned
+    if samples > 1:
+        prompts = [ids for ids in prompts for _ in range(samples)]
+        texts = [t for t in texts for _ in range(samples)] if texts is not None else None
+    user_logprobs = params.logprobs is not None
+    if samples > n and not user_logprobs:  # ranking needs each sample's log p; not returned unless asked
+        params = dataclasses.replace(params, logprobs=0)
+    share = bool(getattr(runtime.engine, "prefix_caching", False))
 
     async def produce(out: ResultLog) -> None:
         gens = [
-            Generation(engine_loop, fmt.response_id + (f"-{i}" if i else ""), ids, _nth(params, i % n), tokenizer, stop)
+            Generation(engine_loop, fmt.response_id + (f"-{i}" if i else ""), ids, _nth(params, i % samples),
+                       tokenizer, stop)
             for i, ids in enumerate(prompts)
-        ]
+        ]  # fmt: skip
+        for gen in gens:
+            gen.wants_logprobs = user_logprobs
         try:
             echoes = await _echoes(engine_loop, prompts, params, texts)
-            await _run(gens, fmt, out, req.stream, echoes, tokenizer, generate, n, plan)
+            group = Group(n=n, samples=samples, share_prompt=share)
+            await _run(gens, fmt, out, req.stream, echoes, tokenizer, generate, group, plan)
         except EngineFailure as exc:
             runtime.record_rejection("internal_error")
             runtime.record_failure("engine_error")
@@ -177,10 +187,12 @@ async def _prepare(
     default = None if chat else runtime.settings.default_completion_max_tokens
     requested = req.requested_max_tokens()
     longest = max(len(p) for p in prompts)
-    if len(prompts) * (req.n or 1) > MAX_PROMPTS_PER_REQUEST:
+    samples = _samples_per_prompt(req)
+    if len(prompts) * samples > MAX_PROMPTS_PER_REQUEST:
         runtime.record_rejection("invalid")
-        raise APIError(400, f"{len(prompts)} prompts x n={req.n} is {len(prompts) * (req.n or 1)} sequences; at most "
-                       f"{MAX_PROMPTS_PER_REQUEST} per request: split the batch", param="n")  # fmt: skip
+        name = "best_of" if samples > (req.n or 1) else "n"
+        raise APIError(400, f"{len(prompts)} prompts x {name}={samples} is {len(prompts) * samples} sequences; at most "
+                       f"{MAX_PROMPTS_PER_REQUEST} per request: split the batch", param=name)  # fmt: skip
     if requested == 0:  # echo-only scoring (checked by reject_unsupported): the prompt must fit
         admission.max_tokens_for(longest, None, 1)
         return prompts, sampling_params(req, 1), False, None
@@ -248,23 +260,36 @@ async def _run(
     echoes: list[tuple[str, TokenLogprobs | None]] | None,
     tokenizer: Any,
     generate: bool,
-    n: int = 1,
+    group: Group | None = None,
     plan: ToolPlan | None = None,
 ) -> None:
-    """Run every generation at once; answer with n choices per prompt, in prompt order."""
+    """Run every generation; answer with n choices per prompt, in prompt order (under best_of, the
+    n of each prompt's samples with the highest cumulative log-probability)."""
+    group = group or Group()
+    k = group.samples
+    waits: list[Any] = []
     if generate:
-        for gen in gens:
-            await gen.start()
+        # With the prefix cache, a prompt's other samples start once its first one has prefilled:
+        # they then take its committed full blocks from the cache (one prompt's K/V, shared).
+        staggered = group.share_prompt and k > 1
+        for i, gen in enumerate(gens):
+            if not staggered or i % k == 0:
+                await gen.start()
+        if staggered:
+            waits = [_start_after(gens[i], gens[i + 1 : i + k]) for i in range(0, len(gens), k)]
     out.mark_started()
     if stream and (first := fmt.first_chunk()) is not None:
         out.append(first)
     results = await asyncio.gather(
         *(_choice(i, gen, fmt, out, stream, echoes[i] if echoes else None, tokenizer, generate, plan)
-          for i, gen in enumerate(gens))
+          for i, gen in enumerate(gens)), *waits
     )  # fmt: skip
-    completion = sum(r[3] for r in results)
+    results = results[: len(gens)]
+    completion = sum(r[3] for r in results)  # every sample's tokens count, returned or not (as OpenAI bills)
     # a prompt counts once however many choices it has (as OpenAI counts n > 1)
-    usage = Usage.of(sum(g.num_prompt_tokens for g in gens[::n]), completion, sum(g.num_cached_tokens for g in gens[::n]))
+    usage = Usage.of(sum(g.num_prompt_tokens for g in gens[::k]), completion, sum(g.num_cached_tokens for g in gens[::k]))
+    if k > group.n:
+        results = [r for i in range(0, len(results), k) for r in _best(results[i : i + k], group.n)]
     if stream:
         if fmt.include_usage:
             out.append(fmt.usage_chunk(usage))
@@ -284,8 +309,10 @@ async def _choice(
     tokenizer: Any,
     generate: bool,
     plan: ToolPlan | None = None,
-) -> tuple[str | None, str | None, Any, int, list[dict[str, Any]] | None]:
-    """One choice: (text, finish reason, logprobs body, completion tokens, tool calls); streamed as it comes."""
+) -> tuple[str | None, str | None, Any, int, list[dict[str, Any]] | None, float]:
+    """One choice: (text, finish reason, logprobs body, completion tokens, tool calls, cumulative log p
+    of the generated tokens); streamed as it comes."""
+    cumulative = 0.0
     tool_stream = plan.streamer() if plan is not None and stream else None
     wants = gen.wants_logprobs
     pieces: list[str] = []
@@ -305,6 +332,7 @@ async def _choice(
         finish_reason = delta.finish_reason or finish_reason
         if delta.logprobs is not None:
             logprobs.extend(delta.logprobs)
+            cumulative += sum(lp for lp in delta.logprobs.logprobs if lp is not None)
         if stream:
             body = None
             if wants and delta.logprobs is not None:
@@ -321,7 +349,33 @@ async def _choice(
     calls = None
     if plan is not None and not stream and text is not None:
         text, calls, finish_reason = plan.message(text, finish_reason)
-    return text, finish_reason, body, completion_tokens, calls
+    return text, finish_reason, body, completion_tokens, calls, cumulative
+
+
+@dataclass
+class Group:
+    """How a request's sequences group: `samples` per prompt (best_of, else n), `n` of them returned."""
+
+    n: int = 1
+    samples: int = 1
+    share_prompt: bool = False  # stagger each prompt's samples so they share its KV through the prefix cache
+
+
+def _samples_per_prompt(req: ChatCompletionRequest | CompletionRequest) -> int:
+    best_of = req.best_of if isinstance(req, CompletionRequest) else None
+    return max(req.n or 1, best_of or 1)
+
+
+async def _start_after(leader: Generation, followers: list[Generation]) -> None:
+    """Start `followers` once `leader` has its first output: its prompt's full blocks are then committed."""
+    await leader.first_output.wait()
+    for gen in followers:
+        await gen.start()
+
+
+def _best(results: list[Any], n: int) -> list[Any]:
+    """The n results with the highest cumulative log-probability, best first (OpenAI's best_of)."""
+    return sorted(results, key=lambda r: r[5], reverse=True)[:n]
 
 
 def _stream_tools(tool_stream: ToolStream, delta: TextDelta, fmt: CompletionFormat, out: ResultLog, index: int,

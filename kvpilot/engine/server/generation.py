@@ -106,6 +106,7 @@ class Generation:
         self._mailbox = _mailbox(self._aio)
         self._queue: asyncio.Queue = asyncio.Queue()
         self._accepted: asyncio.Future = self._aio.create_future()
+        self.first_output = asyncio.Event()  # set when the engine's first output (or failure) arrives
         self._text = IncrementalText(tokenizer, stop)
         self.finished = False
         self.num_prompt_tokens = len(prompt_token_ids)
@@ -118,11 +119,15 @@ class Generation:
         self._to_aio(self._set_accepted, None)
 
     def output(self, output: Any) -> None:
-        self._to_aio(self._queue.put_nowait, output)
+        self._to_aio(self._deliver, output)
 
     def failed(self, error: BaseException) -> None:
         self._to_aio(self._set_accepted, error)
-        self._to_aio(self._queue.put_nowait, (_FAILED, error))
+        self._to_aio(self._deliver, (_FAILED, error))
+
+    def _deliver(self, item: Any) -> None:
+        self._queue.put_nowait(item)
+        self.first_output.set()
 
     def _to_aio(self, fn: Any, arg: Any) -> None:
         self._mailbox.post(fn, arg)

@@ -33,8 +33,14 @@ def reject_unsupported(req: SamplingFields) -> None:
             _unsupported("max_tokens", "max_tokens=0 is only allowed with echo=true (score the prompt); send >= 1")
         if req.suffix:
             _unsupported("suffix", "suffix (insertion) is not supported")
-        if req.best_of not in (None, 1):
-            _unsupported("best_of", f"best_of={req.best_of} is not supported; only best_of=1")
+        if req.best_of is not None and req.best_of < (req.n or 1):
+            _unsupported("best_of", f"best_of={req.best_of} must be >= n={req.n}: the n best of best_of samples "
+                         "are returned")  # fmt: skip
+        if (req.best_of or 1) > 1 and req.stream:
+            _unsupported("best_of", "best_of > 1 cannot stream: the best samples are known only when all end; "
+                         "send stream=false or best_of=1")  # fmt: skip
+        if (req.best_of or 1) > 1 and req.echo:
+            _unsupported("best_of", "best_of > 1 with echo=true is not supported: echo scores the prompt once")
 
 
 def _reject_chat_only(req: ChatCompletionRequest) -> None:
