@@ -21,6 +21,7 @@ from kvpilot.engine.metrics.stats_contract import FALLBACK_REASONS
 from kvpilot.engine.strategies.eviction.check import EvictionCheck, check_pool_fits, eviction_policy
 from kvpilot.engine.strategies.eviction.policy import Evictor
 from kvpilot.engine.strategies.fallback.reserve import reserve_feed
+from kvpilot.engine.strategies.gqa.check import gqa_checks
 from kvpilot.engine.strategies.kv_quant.check import kv_quant_checks
 from kvpilot.engine.strategies.linear.check import linear_checks
 from kvpilot.engine.strategies.mla.check import mla_checks
@@ -56,6 +57,7 @@ class StepHooks:
         checks += kv_quant_checks(runner, bm, requeue)
         checks += linear_checks(runner, bm, requeue, evicting)
         checks += mla_checks(runner, bm, requeue)
+        checks += gqa_checks(runner, config)
         self.validation = ValidationRunner(config, runner, checks)
         self.block_manager = bm
         layers = runner.model.attention_layers()

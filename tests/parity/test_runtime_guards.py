@@ -171,3 +171,39 @@ def test_reserve_and_latent_sequences_share_steps(ckpt):
     k = EVERY + 1
     assert got[1][k:] == engine_greedy(engine(ckpt), [prompts[1] + got[1][:k]], NEW - k)[0]
     assert got[0] == engine_greedy(engine(ckpt, **mla), [prompts[0]], NEW)[0]
+
+
+@pytest.fixture(scope="module")
+def paired_heads(tmp_path_factory):
+    """A 4-KV-head checkpoint whose heads 0 = 1 and 2 = 3 (K and V): merging to 2 groups is exact."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    path = build_hf_checkpoint(tmp_path_factory.mktemp("guards-gqa") / "llama", "llama", num_key_value_heads=4)
+    weights = load_file(path / "model.safetensors")
+    for name, t in weights.items():
+        if name.endswith(("k_proj.weight", "v_proj.weight")):
+            heads = t.reshape(4, -1, t.shape[1]).clone()
+            heads[1], heads[3] = heads[0], heads[2]
+            weights[name] = heads.reshape(t.shape).contiguous()
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    assert torch.equal(weights["model.layers.0.self_attn.k_proj.weight"][:16],
+                       weights["model.layers.0.self_attn.k_proj.weight"][16:32])
+    return path
+
+
+def test_gqa_merging_unlike_heads_is_caught_but_has_no_unmerged_path(paired_heads):
+    """One group for four unlike heads: the validated layer's attention with the checkpoint's own K/V
+    differs; there is no unmerged path to move to, so each check counts as unrecovered."""
+    eng = engine(paired_heads, attention="gqa", kv_head_groups=1, **GUARDED)
+    _, feed = run(eng, prompt_of(40))
+    assert feed["checks_total"] == NEW // EVERY - (NEW % EVERY == 0) and feed["last_cosine"] < 0.92
+    assert feed["unrecovered_total"] == {"gqa": feed["checks_total"]} and fallbacks(feed, "gqa") == 0
+
+
+def test_gqa_merging_identical_heads_passes_its_checks(paired_heads):
+    eng = engine(paired_heads, attention="gqa", kv_head_groups=2, **GUARDED)
+    got, feed = run(eng, prompt_of(40))
+    assert_healthy(feed, "gqa")
+    assert feed["last_cosine"] > 0.99999
+    assert got == engine_greedy(engine(paired_heads), [prompt_of(40)], NEW)[0]  # merging changed nothing
