@@ -36,11 +36,16 @@ class StrategySpec:
     block_size: int = 16
     eviction: str = "none"
     max_num_batched_tokens: int = 8192
+    kv_quant_auto_threshold: int | None = None  # kvCacheDtype auto: int8 blocks from this batch size
+    kv_quant_auto_split: float = 0.5
+    fallback_reserve: float = 0.1  # runtime validation's exact-path reserve (share of the KV pool)
 
     def planner_strategy(self) -> KVStrategy:
         return KVStrategy(
             attention=self.attention, kv_head_groups=self.kv_head_groups, latent_rank=self.latent_rank,
             kv_cache_dtype=self.kv_cache_dtype, block_size=self.block_size, linear_window=self.linear_window,
+            fallback_reserve=self.fallback_reserve, kv_quant_auto_split=self.kv_quant_auto_split,
+            kv_quant_auto_threshold=self.kv_quant_auto_threshold if self.kv_cache_dtype == "auto" else None,
         )
 
 

@@ -9,6 +9,7 @@ from kvpilot.planner.errors import PlannerError
 from kvpilot.planner.gpus import GpuSpec
 from kvpilot.planner.memory import activation_peak_bytes, weights_bytes
 from kvpilot.planner.model_shape import ModelShape
+from kvpilot.planner.pools import exact_sequence_bytes, extra_weight_bytes, split_pool
 from kvpilot.planner.strategy import KVFootprint, KVStrategy, kv_footprint
 from kvpilot.planner.units import human_bytes as hb
 
@@ -47,9 +48,13 @@ class CapacityPlan:
     max_seq_len: int
     blocks_per_request: int
     per_request_peak_bytes: int  # one request at max_seq_len, blocks rounded up
-    max_concurrency: int  # requests at max_seq_len the pool holds at once
+    max_concurrency: int  # requests at max_seq_len the pool holds at once (beside the reserve)
     feasible: bool
     reason: str  # why not feasible (with the numbers), or a one-line summary when it is
+    reserve_bytes: int = 0  # runtime validation's exact-path fallback reserve, part of kv_pool_bytes
+    reserve_sequences: int = 0  # max_seq_len sequences the reserve holds at once
+    pool16_sequences: int = 0  # kv_cache_dtype auto switching: sequences the 16-bit pool holds
+    pool8_sequences: int = 0  # ... and the int8 pool
 
     def require(self) -> CapacityPlan:
         """This plan, or InfeasiblePlanError when it does not fit."""
@@ -81,7 +86,8 @@ def plan_capacity(
         raise PlannerError(f"watermark must be in (0, 1], got {watermark}")
     footprint = _shard(kv_footprint(model, strategy), model, strategy, gpus)
     total = gpus * gpu.memory_bytes
-    weights = weights_bytes(model) if weights_bytes_override is None else weights_bytes_override
+    weights = weights_bytes(model) + extra_weight_bytes(model, strategy) if weights_bytes_override is None \
+        else weights_bytes_override
     activation = gpus * (
         activation_peak_bytes(model, max_num_batched_tokens, max_num_seqs)
         if activation_peak_bytes_override is None else activation_peak_bytes_override
@@ -91,10 +97,16 @@ def plan_capacity(
     pool = max(0, int(free * watermark))
     bs = strategy.block_size
     per_request = footprint.sequence_bytes(max_seq_len, bs)
-    concurrency = pool // per_request if per_request else 0
+    split = split_pool(model, strategy, pool, max_seq_len)  # sequences counted unsharded: conservative
+    serving = pool - split.reserve_bytes  # the approximate pool beside the fallback reserve
+    concurrency = serving // per_request if per_request else 0
+    if split.pool16_sequences or split.pool8_sequences:  # auto switching: both pools, if the switch happens
+        switches = (strategy.kv_quant_auto_threshold or 0) <= split.pool16_sequences
+        concurrency = split.pool16_sequences + (split.pool8_sequences if switches else 0)
+        per_request = exact_sequence_bytes(model, strategy, max_seq_len)
     block_bytes = bs * (footprint.bytes_per_token or footprint.window_bytes_per_token)
     blocks_per_request = _blocks_per_request(footprint, max_seq_len, bs)
-    paged_pool = pool - concurrency * footprint.fixed_bytes_per_sequence
+    paged_pool = serving - concurrency * footprint.fixed_bytes_per_sequence
     num_blocks = paged_pool // block_bytes if block_bytes else 0
     plan = CapacityPlan(
         strategy=strategy.label, gpu_product=gpu.product, gpus=gpus, total_memory_bytes=total,
@@ -105,6 +117,8 @@ def plan_capacity(
         block_bytes=block_bytes, num_blocks=num_blocks, max_seq_len=max_seq_len,
         blocks_per_request=blocks_per_request, per_request_peak_bytes=per_request,
         max_concurrency=concurrency, feasible=concurrency >= 1, reason="",
+        reserve_bytes=split.reserve_bytes, reserve_sequences=split.reserve_sequences,
+        pool16_sequences=split.pool16_sequences, pool8_sequences=split.pool8_sequences,
     )
     return _with_reason(plan, footprint)
 
@@ -182,4 +196,18 @@ def _with_reason(plan: CapacityPlan, fp: KVFootprint) -> CapacityPlan:
             f"{plan.max_concurrency} concurrent requests of {plan.max_seq_len} tokens in a "
             f"{hb(plan.kv_pool_bytes)} KV pool ({hb(plan.bytes_per_token)}/token)"
         )
+    if plan.reserve_bytes:
+        reason += (
+            f"; {hb(plan.reserve_bytes)} of it is the fallback reserve, {plan.reserve_sequences} exact-path "
+            "sequences for runtime validation's fallbacks"
+        )
+        if plan.reserve_sequences < 1:
+            reason += " (none fits: no sequence can fall back; raise fallback_reserve or lower max_seq_len)"
+    if plan.pool16_sequences or plan.pool8_sequences:
+        reason += f"; auto switching: {plan.pool16_sequences} in the 16-bit pool, {plan.pool8_sequences} in int8"
+        if plan.max_concurrency == plan.pool16_sequences:
+            reason += (
+                " never used: the 16-bit pool fills before the switch threshold is reached; lower "
+                "kvQuantAutoThreshold or raise the 16-bit share"
+            )
     return CapacityPlan(**{**plan.to_dict(), "reason": reason})

@@ -37,6 +37,10 @@ class KVStrategy:
     linear_window: int = 64
     linear_feature_dim: int | None = None  # default: the model's head_dim
     scale_bytes: int = DEFAULT_SCALE_BYTES
+    # runtime validation's exact-path reserve, a share of the KV pool (lossy strategies; planner/pools.py)
+    fallback_reserve: float = 0.1
+    kv_quant_auto_threshold: int | None = None  # auto: int8 blocks for new sequences at this batch size
+    kv_quant_auto_split: float = 0.5  # auto: share of the KV pool for 16-bit blocks
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTIONS:
@@ -51,6 +55,12 @@ class KVStrategy:
             raise PlannerError("attention 'gqa' needs kv_head_groups (the number of KV heads after merging)")
         if self.linear_window < 0:
             raise PlannerError(f"linear_window must be >= 0, got {self.linear_window}")
+        if not 0.0 <= self.fallback_reserve < 1.0:
+            raise PlannerError(f"fallback_reserve must be in [0, 1), got {self.fallback_reserve}")
+        if self.kv_quant_auto_threshold is not None and self.kv_quant_auto_threshold < 1:
+            raise PlannerError(f"kv_quant_auto_threshold must be >= 1, got {self.kv_quant_auto_threshold}")
+        if not 0.0 < self.kv_quant_auto_split < 1.0:
+            raise PlannerError(f"kv_quant_auto_split must be in (0, 1), got {self.kv_quant_auto_split}")
 
     @property
     def label(self) -> str:

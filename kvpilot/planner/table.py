@@ -22,6 +22,10 @@ def format_plan(plan: CapacityPlan) -> str:
     ]
     if plan.fixed_bytes_per_sequence:
         rows.append(("fixed state per sequence", hb(plan.fixed_bytes_per_sequence)))
+    if plan.reserve_bytes:
+        rows.append(("- fallback reserve", f"{hb(plan.reserve_bytes)} ({plan.reserve_sequences} exact sequences)"))
+    if plan.pool16_sequences or plan.pool8_sequences:
+        rows.append(("auto pools (16-bit / int8)", f"{plan.pool16_sequences} / {plan.pool8_sequences} sequences"))
     rows += [
         ("block size (tokens)", str(plan.block_size)),
         ("blocks in pool", f"{plan.num_blocks} x {hb(plan.block_bytes)}"),

@@ -73,14 +73,16 @@ def test_admitted_requests_fit_in_the_pool_and_blocks(ms, mem, seq, watermark) -
     model, strategy = ms
     plan = plan_capacity(model, strategy, gpu(mem), max_seq_len=seq, watermark=watermark)
     assert plan.kv_pool_bytes <= max(0, plan.free_bytes) * watermark
-    assert plan.max_concurrency * plan.per_request_peak_bytes <= plan.kv_pool_bytes
+    serving = plan.kv_pool_bytes - plan.reserve_bytes  # beside the fallback reserve (lossy strategies)
+    assert 0 <= plan.reserve_bytes <= plan.kv_pool_bytes * strategy.fallback_reserve
+    assert plan.max_concurrency * plan.per_request_peak_bytes <= serving
     assert plan.feasible == (plan.max_concurrency >= 1)
     if plan.block_bytes:
         assert plan.num_blocks >= plan.max_concurrency * plan.blocks_per_request
         assert plan.num_blocks * plan.block_bytes <= plan.kv_pool_bytes
     if plan.feasible:
         # one more request would not fit
-        assert (plan.max_concurrency + 1) * plan.per_request_peak_bytes > plan.kv_pool_bytes
+        assert (plan.max_concurrency + 1) * plan.per_request_peak_bytes > serving
 
 
 @SETTINGS

@@ -51,7 +51,7 @@ def device_memory(device: str, cpu_budget_bytes: int) -> GpuSpec:
 def plan_for(config: Any, device: str, cpu_budget_bytes: int, watermark: float) -> CapacityPlan:
     raw = json.loads((Path(config.model) / "config.json").read_text())
     max_seq_len = config.max_model_len or int(raw.get("max_position_embeddings") or 4096)
-    kind = kv_cache_kind(config)  # auto switching plans the 16-bit budget; the engine splits it in pools
+    kind = kv_cache_kind(config)  # auto switching: the planner models the 16-bit and int8 pools
     kv_dtype = {"model": config.dtype, "auto-switch": "auto"}.get(kind, kind)
     groups = gqa_groups(config)
     attention = config.attention if config.attention != "gqa" else "gqa" if groups else "native"
@@ -65,6 +65,9 @@ def plan_for(config: Any, device: str, cpu_budget_bytes: int, watermark: float) 
         latent_rank=getattr(config, "latent_rank", None) if attention == "mla" else None,
         kv_cache_dtype=_PLANNER_KV_DTYPE.get(kv_dtype, kv_dtype),
         block_size=config.block_size,
+        fallback_reserve=getattr(config, "fallback_reserve", 0.0),  # the engine's reserve (planner/pools.py)
+        kv_quant_auto_threshold=config.kv_quant_auto_threshold if kind == "auto-switch" else None,
+        kv_quant_auto_split=getattr(config, "kv_quant_auto_split", 0.5),
     )
     weights = sum(f.stat().st_size for f in Path(config.model).glob("*.safetensors")) or None
     return plan_capacity(

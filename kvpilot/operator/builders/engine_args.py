@@ -44,6 +44,10 @@ def strategy_flags(strategy: StrategySpec) -> list[str]:
         flags += ["--linear-window", str(strategy.linear_window)]
     if strategy.eviction != "none":
         flags += ["--eviction", strategy.eviction]
+    if strategy.kv_cache_dtype == "auto" and strategy.kv_quant_auto_threshold is not None:
+        flags += ["--kv-quant-auto-threshold", str(strategy.kv_quant_auto_threshold),
+                  "--kv-quant-auto-split", str(strategy.kv_quant_auto_split)]
+    flags += ["--fallback-reserve", str(strategy.fallback_reserve)]  # the share the planner reserved
     return [
         *flags,
         "--kv-cache-dtype", _KV_DTYPE_FLAG[strategy.kv_cache_dtype],
