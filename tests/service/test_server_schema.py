@@ -26,7 +26,7 @@ def _aim(case: Any, use_served_model: bool) -> Any:
     body = case.body
     if use_served_model and isinstance(body, dict) and "model" in body:
         body["model"] = SERVED_MODEL
-        for field in ("max_tokens", "max_completion_tokens"):
+        for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
             if not isinstance(body.get(field), int) or body[field] > SHORT:
                 body[field] = SHORT
     return case
@@ -41,6 +41,7 @@ OPERATIONS = (
     "POST /v1/chat/completions",
     "POST /v1/completions",
     "POST /v1/score",
+    "POST /v1/responses",
     "GET /v1/models",
     "GET /health",
     "GET /ready",

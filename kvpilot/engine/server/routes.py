@@ -20,6 +20,8 @@ from kvpilot.engine.server.responses import (
     ModelList,
     ScoreResponse,
 )
+from kvpilot.engine.server.responses_api import ResponseObject, ResponsesRequest
+from kvpilot.engine.server.responses_stream import serve_response
 from kvpilot.engine.server.runtime import ServerRuntime
 from kvpilot.engine.server.scoring import score
 
@@ -85,6 +87,14 @@ async def completions(
     body: CompletionRequest, request: Request, idempotency_key: str | None = _IDEMPOTENCY
 ) -> Response:
     return await serve_completion(request, _runtime(request), body)
+
+
+@router.post("/v1/responses", response_model=ResponseObject, responses=_stream_doc(ResponseObject))
+async def create_response(
+    body: ResponsesRequest, request: Request, idempotency_key: str | None = _IDEMPOTENCY
+) -> Response:
+    """A minimal subset of OpenAI's Responses API, served as a chat completion (docs/api.md)."""
+    return await serve_response(request, _runtime(request), body)
 
 
 @router.post("/v1/score", response_model=ScoreResponse, responses=_ERRORS)
