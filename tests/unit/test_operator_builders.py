@@ -88,7 +88,9 @@ def test_engine_args_carry_the_strategy_and_the_planned_concurrency() -> None:
     assert "--disable-kv-quant" in args
     assert spec.gpus == 1 and "--tensor-parallel-size" not in args  # one GPU: no tensor parallelism
     assert args[-2:] == ["--log-level", "INFO"]
-    assert build_deployment(body, spec, plan)["spec"]["template"]["spec"]["containers"][0]["args"] == args
+    served = ["--served-model-name", body["metadata"]["name"]]  # the model name clients send, on both tracks
+    assert build_deployment(body, spec, plan)["spec"]["template"]["spec"]["containers"][0]["args"] == \
+        [*args[:6], *served, *args[6:]]
 
 
 def test_changing_only_the_strategy_changes_only_the_engine_args_and_strategy_label() -> None:

@@ -68,6 +68,20 @@ def test_a_new_checkpoint_never_inherits_the_stable_digest() -> None:
     assert args[args.index("--model-sha256") + 1] == digest
 
 
+def test_both_tracks_serve_the_service_name_whatever_the_checkpoint_directory() -> None:
+    """A canary with a new checkpoint (another directory) must answer the model name clients send
+    to stable: without --served-model-name each engine served its directory's name, so the e2e
+    tier's new-checkpoint canary answered 404 to every request naming the stable model."""
+    body = service(canary={"model": {"uri": "pvc://models/llama-3-8b-v2"}})
+    names = []
+    for track, spec in (("stable", stable_spec(body["spec"], None)), ("canary", canary_spec(body["spec"], None))):
+        dep = build_deployment(body, spec, preflight(spec, LLAMA3_8B), track=track)
+        args = next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "engine")["args"]
+        names.append(args[args.index("--served-model-name") + 1])
+        assert args[args.index("--model") + 1].endswith("llama-3-8b-v2" if track == "canary" else "llama-3-8b")
+    assert names == [body["metadata"]["name"]] * 2
+
+
 def test_stable_follows_a_promotion_until_the_user_edits_model_or_strategy() -> None:
     body = service(canary=CANARY)
     canary = canary_spec(body["spec"], None)

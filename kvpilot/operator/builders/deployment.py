@@ -37,13 +37,13 @@ def build_deployment(owner: Mapping[str, Any], spec: ServiceSpec, plan: Capacity
                         "prometheus.io/path": "/metrics",
                     },
                 },
-                "spec": _pod_spec(spec, plan),
+                "spec": _pod_spec(spec, plan, name),
             },
         },
     }
 
 
-def _pod_spec(spec: ServiceSpec, plan: CapacityPlan) -> dict[str, Any]:
+def _pod_spec(spec: ServiceSpec, plan: CapacityPlan, served_name: str) -> dict[str, Any]:
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}]
     claim = pvc_claim(spec.model.uri)
     if claim:
@@ -58,12 +58,12 @@ def _pod_spec(spec: ServiceSpec, plan: CapacityPlan) -> dict[str, Any]:
         "tolerations": [{"key": c.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
         # the engine stops admitting on SIGTERM and finishes its streams within this window
         "terminationGracePeriodSeconds": spec.engine.termination_grace_period_seconds,
-        "containers": [_engine(spec, plan, with_model_volume=bool(claim)), _sidecar(spec)],
+        "containers": [_engine(spec, plan, bool(claim), served_name), _sidecar(spec)],
         "volumes": volumes,
     }
 
 
-def _engine(spec: ServiceSpec, plan: CapacityPlan, with_model_volume: bool) -> dict[str, Any]:
+def _engine(spec: ServiceSpec, plan: CapacityPlan, with_model_volume: bool, served_name: str) -> dict[str, Any]:
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, *security.writable_mounts("engine")]
     if with_model_volume:
         mounts.append({"name": "model", "mountPath": c.MODEL_MOUNT, "readOnly": True})
@@ -74,7 +74,7 @@ def _engine(spec: ServiceSpec, plan: CapacityPlan, with_model_volume: bool) -> d
         "name": "engine",
         "image": spec.engine.image,
         "command": ["kvpilot", "serve"],
-        "args": engine_args(spec, plan),
+        "args": engine_args(spec, plan, served_name),
         "env": security.cache_env("engine"),
         "ports": [{"name": "http", "containerPort": c.ENGINE_PORT, "protocol": "TCP"}],
         "resources": {"requests": dict(gpus), "limits": dict(gpus)},

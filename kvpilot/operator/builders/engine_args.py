@@ -57,9 +57,16 @@ def strategy_flags(strategy: StrategySpec) -> list[str]:
     ]
 
 
-def engine_args(spec: ServiceSpec, plan: CapacityPlan) -> list[str]:
-    """Arguments after `kvpilot serve`; the concurrency limit comes from the capacity plan."""
+def engine_args(spec: ServiceSpec, plan: CapacityPlan, served_name: str = "") -> list[str]:
+    """Arguments after `kvpilot serve`; the concurrency limit comes from the capacity plan.
+
+    `served_name` (the InferenceService's name) is the `model` clients send, on both tracks: left to
+    the engine it would be the checkpoint's directory name, so a canary with a new checkpoint would
+    answer 404 to every request naming the stable one, and after its promotion so would stable.
+    """
     args = ["--model", model_path(spec.model.uri), "--host", "0.0.0.0", "--port", str(c.ENGINE_PORT)]
+    if served_name:
+        args += ["--served-model-name", served_name]
     if spec.model.sha256:  # the engine refuses weights whose manifest digest differs
         args += ["--model-sha256", spec.model.sha256]
     args += strategy_flags(spec.strategy)

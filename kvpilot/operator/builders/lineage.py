@@ -17,13 +17,13 @@ from kvpilot.planner import CapacityPlan
 TRACKS = ("stable", "canary")
 
 
-def track_entry(spec: ServiceSpec, plan: CapacityPlan) -> dict[str, Any]:
+def track_entry(spec: ServiceSpec, plan: CapacityPlan, served_name: str = "") -> dict[str, Any]:
     return {
         "uri": spec.model.uri,
         "path": model_path(spec.model.uri),
         "sha256": spec.model.sha256,
         "strategy": plan.strategy,
-        "engineArgs": engine_args(spec, plan),
+        "engineArgs": engine_args(spec, plan, served_name),
         # what a rollback restores: spec.model and spec.strategy as they were
         "spec": {"model": dict(spec.model_dict), "strategy": dict(spec.strategy_dict)},
     }
@@ -56,7 +56,7 @@ def build_lineage_configmap(owner: Mapping[str, Any], spec: ServiceSpec, plan: C
     that left one out would delete it).
     """
     lineage = read_lineage(live)
-    lineage[track] = next_track_lineage(track_entry(spec, plan), lineage[track])
+    lineage[track] = next_track_lineage(track_entry(spec, plan, owner["metadata"]["name"]), lineage[track])
     data = {t: json.dumps(lineage[t], sort_keys=True, indent=1) for t in TRACKS if lineage[t] is not None}
     return {
         "apiVersion": "v1",

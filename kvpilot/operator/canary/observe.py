@@ -121,7 +121,7 @@ def _stable_promoted(kube: Kube, namespace: str, name: str, status: CanaryStatus
     if live is None or plan is None or rollout_state(live).phase != READY_PHASE:
         return False
     engine = next(c for c in live["spec"]["template"]["spec"]["containers"] if c["name"] == "engine")
-    return list(engine.get("args") or []) == engine_args(canary, plan)
+    return list(engine.get("args") or []) == engine_args(canary, plan, name)
 
 
 def _has_previous(kube: Kube, namespace: str, name: str) -> bool:
