@@ -31,6 +31,7 @@ from tests.harness.cluster import k8s_api_client, unique_namespace, wait_for
 from tests.harness.fleet import EngineSpec, Fleet
 from tests.harness.gateway import apply_gateway, kube_client
 from tests.harness.prometheus import LabelledTarget, PrometheusServer, free_port, prometheus_missing
+from tests.harness.sharp_model import sharpen
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -146,30 +147,6 @@ def probe_configmap(namespace: str, stable_url: str) -> dict[str, Any]:
             lines.append(json.dumps({"prompt": prompt, "continuation": out["choices"][0]["text"]}))
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "probes", "namespace": namespace},
             "data": {"probes.jsonl": "\n".join(lines) + "\n"}}
-
-
-def sharpen(src: Path, dst: Path) -> Path:
-    """The tiny random Llama with confident predictions, so that damage to attention shows in the scores.
-
-    A random checkpoint's next-token distribution is nearly flat: merging its two KV heads by
-    mean-pooling changes the log-likelihood of any text by noise (measured: -6.06 pooled vs -6.11
-    stable, nats per token). Larger logits (lm_head x 20) and sharper attention (q, k x 3, v x 3) make
-    the stable engine sure of its own greedy continuations and the pooled-GQA canary measurably
-    worse (-52.1 vs -49.7), while int8 KV scores the same as bf16.
-    """
-    import shutil
-
-    from safetensors.torch import load_file, save_file
-
-    shutil.copytree(src, dst)
-    tensors = load_file(src / "model.safetensors")
-    for key in tensors:
-        if key == "lm_head.weight":
-            tensors[key] = tensors[key] * 20
-        elif key.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
-            tensors[key] = tensors[key] * 3
-    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
-    return dst
 
 
 @pytest.fixture(scope="module")
