@@ -27,13 +27,22 @@ from kvpilot.engine.llm_engine import LLMEngine
 from kvpilot.engine.worker.scoring import score_paged
 
 
-def strategies(heads_kv: int, head_dim: int, length: int) -> list[tuple[str, dict[str, Any]]]:
-    """(label, EngineConfig overrides) for every strategy the engine offers."""
+def strategies(heads_kv: int, head_dim: int, length: int, calibration: str | None = None
+               ) -> list[tuple[str, dict[str, Any]]]:  # fmt: skip
+    """(label, EngineConfig overrides) for every strategy the engine offers; with a calibration text,
+    the GQA and MLA conversions also calibrated on it (heads by key similarity, activation-aware SVD)."""
     window = max(32, length // 4)
     out: list[tuple[str, dict[str, Any]]] = [("native", {})]
     out += [("int8 KV", {"kv_cache_dtype": "int8"}), ("fp8 KV", {"kv_cache_dtype": "fp8"})]
-    out += [(f"gqa {g}", {"attention": "gqa", "kv_head_groups": g}) for g in (heads_kv // 2, heads_kv // 4) if g >= 1]
-    out += [(f"mla r={r}", {"attention": "mla", "latent_rank": r}) for r in (head_dim * heads_kv // 2, head_dim * heads_kv // 4)]
+    groups = [g for g in (heads_kv // 2, heads_kv // 4) if g >= 1]
+    ranks = (head_dim * heads_kv // 2, head_dim * heads_kv // 4)
+    out += [(f"gqa {g}", {"attention": "gqa", "kv_head_groups": g}) for g in groups]
+    calibrated = {"conversion_calibration": calibration}
+    if calibration:
+        out += [(f"gqa {g} calibrated", {"attention": "gqa", "kv_head_groups": g, **calibrated}) for g in groups]
+    out += [(f"mla r={r}", {"attention": "mla", "latent_rank": r}) for r in ranks]
+    if calibration:
+        out += [(f"mla r={r} calibrated", {"attention": "mla", "latent_rank": r, **calibrated}) for r in ranks]
     out += [(f"linear (Performer, window {w})", {"attention": "linear", "linear_window": w}) for w in (64, 16)]
     out += [
         (f"eviction sinks 16 + window {window}", {"eviction": "sinks", "eviction_sinks": 16, "eviction_window": window}),
@@ -77,6 +86,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--only", help="comma-separated label prefixes to run (default: all)")
+    parser.add_argument("--calibration", help="a text file (not held out) that calibrates extra GQA/MLA rows")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3,
                         help="share of the GPU one strategy's engine may take (freed before the next)")
     args = parser.parse_args()
@@ -86,7 +96,7 @@ def main() -> None:
     windows: list[list[int]] | None = None
     rows: list[tuple[str, str, str, str]] = []
     base_ppl = None
-    for label, overrides in strategies(heads_kv, head_dim, args.length):
+    for label, overrides in strategies(heads_kv, head_dim, args.length, args.calibration):
         if args.only and not any(label.startswith(p.strip()) for p in args.only.split(",")):
             continue
         start = time.perf_counter()

@@ -64,6 +64,11 @@ class EngineConfig:
     disable_kv_quant: bool = knob(False, "serve the 16-bit KV cache")
     latent_rank: int | None = knob(None, "mla: width of the SVD latent cached per token and layer")
     disable_mla: bool = knob(False, "serve the original attention (DeepSeek: no absorbed decode)")
+    conversion_calibration: str | None = knob(
+        None, "gqa / mla: a text file whose first tokens calibrate the conversion (heads merged by key "
+        "similarity, activation-aware factorisation); unset: weights only (heads by index, plain SVD)",
+    )  # fmt: skip
+    calibration_tokens: int = knob(512, "gqa / mla: calibration tokens read from conversion_calibration")
     linear_window: int = knob(64, "linear: most recent tokens attended exactly")
     linear_features: int | None = knob(None, "linear: random features per KV head (head_dim)")
     linear_seed: int = 0  # seeds the feature draw (part of the converted model)
@@ -131,6 +136,8 @@ class EngineConfig:
         if self.latent_rank is not None and self.latent_rank < 1:
             raise ValueError(f"latent_rank must be >= 1 or None (a DeepSeek model's own kv_lora_rank), got {self.latent_rank}")
         check_linear_strategy(self)
+        if self.calibration_tokens < 16:
+            raise ValueError(f"calibration_tokens must be >= 16, got {self.calibration_tokens}")
         check_tensor_parallel(self)
         if self.tensor_parallel_timeout <= 0:
             raise ValueError(f"tensor_parallel_timeout must be > 0 seconds, got {self.tensor_parallel_timeout}")

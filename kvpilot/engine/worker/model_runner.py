@@ -18,6 +18,7 @@ from kvpilot.engine.models import build_model
 from kvpilot.engine.parallel.driver import TPDriver
 from kvpilot.engine.parallel.shard import head_shard
 from kvpilot.engine.parallel.state import all_reduce_min, tp_rank, tp_world
+from kvpilot.engine.strategies.gqa.apply import apply_gqa
 from kvpilot.engine.strategies.gqa.convert import gqa_transform
 from kvpilot.engine.strategies.linear.apply import apply_linear
 from kvpilot.engine.strategies.mla.apply import apply_mla
@@ -70,13 +71,14 @@ class ModelRunner:
         self.model = model.to_empty(device=self.device)
         self.model.tie_weights()
         self._restore_buffers()
+        self.gqa_orders: list[list[int]] | None = None  # per layer, when GQA heads were grouped on calibration text
         if config.load_format == "dummy":
             init_dummy_weights(self.model)
         else:
-            load_weights(
-                self.model, config.model, config.weight_sha256, config.show_progress,
-                gqa_transform(config, model_config),
-            )  # fmt: skip
+            transform = gqa_transform(config, model_config)
+            load_weights(self.model, config.model, config.weight_sha256, config.show_progress, transform)
+            self.model.eval()
+            self.gqa_orders = apply_gqa(self.model, config, transform, self.device, self.world)  # calibrated grouping
         self.model.eval()
         self.mla = apply_mla(self.model, config, model_config)  # native DeepSeek MLA or SVD conversion
         apply_linear(self.model, config)  # Performer conversion of softmax layers (attention="linear")

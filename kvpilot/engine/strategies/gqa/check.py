@@ -58,9 +58,14 @@ class GqaCheck(DenseRecompute):
         super().__init__(runner)
         self.layer = layer
         original = read_original_kv(runner.config.model, layer)
+        attn = runner.model.model.layers[layer].self_attn
+        head_dim = attn.head_dim
+        self.num_kv_heads = original["k_proj.weight"].shape[0] // head_dim
+        order = getattr(attn, "kv_head_order", None)  # calibrated grouping permuted the layer's heads
+        if order is not None:
+            rows = torch.cat([torch.arange(h * head_dim, (h + 1) * head_dim) for h in order])
+            original = {k: t[rows] for k, t in original.items()}
         self.weights = {k: t.to(runner.device, runner.dtype) for k, t in original.items()}
-        head_dim = runner.model.model.layers[layer].self_attn.head_dim
-        self.num_kv_heads = self.weights["k_proj.weight"].shape[0] // head_dim
 
     @property
     def extra_bytes(self) -> int:

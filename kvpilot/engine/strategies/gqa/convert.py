@@ -61,12 +61,17 @@ def gqa_transform(
     if groups is None:
         return None
     head_dim = served.head_dim
+    originals: dict[str, torch.Tensor] = {}  # kept for calibrated grouping (strategies/gqa/calibrate.py)
+    keep = config.conversion_calibration is not None
 
     def pool(name: str, tensor: torch.Tensor) -> torch.Tensor:
         if not _KV_KEY.search(name):
             return tensor
         heads = tensor.shape[0] // head_dim
+        if keep and heads != groups:
+            originals[name] = tensor.detach().to("cpu", copy=True)
         return tensor if heads == groups else mean_pool_heads(tensor, heads, groups)
 
     pool.touches = _KV_KEY.search  # type: ignore[attr-defined]  # the loader reads these whole (TP slices after)
+    pool.originals = originals  # type: ignore[attr-defined]
     return pool

@@ -68,17 +68,23 @@ def apply_mla(model: nn.Module, config: EngineConfig, model_config: ModelConfig)
     rank = conversion_rank(config, model_config)
     if rank is None:
         return MlaState("off", None, False)
+    from kvpilot.engine.strategies.calibration.capture import attention_inputs, calibration_tokens
     from kvpilot.engine.strategies.mla.attention import convert_to_mla
 
-    convs = convert_to_mla(model, rank)
+    ids = calibration_tokens(config)  # activation-aware factorisation on calibration text (svd.py)
+    device = next(model.parameters()).device
+    inputs = None if ids is None else attention_inputs(model, ids, list(range(len(model.model.layers))), device)
+    convs = convert_to_mla(model, rank, inputs)
     state = MlaState(
         "converted", rank, False, rank,
         tuple(c.error_k for c in convs), tuple(c.error_v for c in convs), tuple(c.error for c in convs),
     )  # fmt: skip
     stats = state.stats()
     log.warning(
-        "mla conversion latent_rank=%d over %d layers: relative K/V reconstruction error mean %.4f, "
-        "max %.4f (K %.4f, V %.4f)", rank, len(convs), stats["reconstruction_error"],
+        "mla conversion latent_rank=%d over %d layers (%s): relative K/V weight reconstruction error mean "
+        "%.4f, max %.4f (K %.4f, V %.4f)", rank, len(convs),
+        "plain SVD" if ids is None else f"activation-aware on {len(ids)} calibration tokens",
+        stats["reconstruction_error"],
         stats["reconstruction_error_max"], stats["reconstruction_error_k"], stats["reconstruction_error_v"],
     )  # fmt: skip
     return state

@@ -92,16 +92,18 @@ class ConvertedMlaAttention(nn.Module):
 
 
 @torch.no_grad()
-def convert_to_mla(model: nn.Module, rank: int) -> list[MlaConversion]:
-    """Factorise every layer's K/V projections to a rank-`rank` shared latent, in place; one report each."""
+def convert_to_mla(model: nn.Module, rank: int, inputs: dict[int, torch.Tensor] | None = None) -> list[MlaConversion]:
+    """Factorise every layer's K/V projections to a rank-`rank` shared latent, in place; one report each.
+    `inputs`: each layer's calibration attention inputs (activation-aware factorisation, svd.py)."""
     layers = model.model.layers
     if not all(isinstance(layer.self_attn, LlamaAttention) for layer in layers):
         raise ValueError("MLA conversion needs a Llama-style model (q/k/v/o projections); this one has none")
     conversions: list[MlaConversion] = []
     planners: list[DecodePlanner] = []
-    for layer in layers:
+    for index, layer in enumerate(layers):
         src = layer.self_attn
-        conv = factorize_kv(src.k_proj.weight.float(), src.v_proj.weight.float(), src.num_kv_heads, rank)
+        x = None if inputs is None else inputs[index]
+        conv = factorize_kv(src.k_proj.weight.float(), src.v_proj.weight.float(), src.num_kv_heads, rank, inputs=x)
         inv_freq = src.rotary_emb.inv_freq
         planner = next((p for p in planners if torch.equal(p.inv_freq, inv_freq)), None)
         if planner is None:  # one per distinct RoPE (all layers of these families share one)

@@ -50,10 +50,24 @@ def _relative_error(w: torch.Tensor, w_hat: torch.Tensor) -> float:
     return float((w - w_hat).norm() / norm) if norm > 0 else float((w - w_hat).norm())
 
 
+def whitening(inputs: torch.Tensor, damping: float = 1e-4) -> torch.Tensor:
+    """S [hidden, hidden], lower triangular, with S S^T = X^T X / T + damping (mean diagonal) I: then
+    ||(W - W') X^T||_F = ||(W - W') S||_F sqrt(T), so the best rank-r W' for these inputs is the
+    truncated SVD of W S, mapped back by S^-1 (activation-aware SVD, as SVD-LLM does)."""
+    x = inputs.double()
+    cov = x.T @ x / x.shape[0]
+    cov += damping * cov.diagonal().mean().clamp_min(1e-12) * torch.eye(cov.shape[0], dtype=cov.dtype)
+    return torch.linalg.cholesky(cov)
+
+
 def factorize_kv(
-    w_k: torch.Tensor, w_v: torch.Tensor, num_kv_heads: int, rank: int, rope_dims: int = 0
+    w_k: torch.Tensor, w_v: torch.Tensor, num_kv_heads: int, rank: int, rope_dims: int = 0,
+    inputs: torch.Tensor | None = None,
 ) -> MlaConversion:
-    """w_k [Hkv*D, hidden], w_v [Hkv*Dv, hidden] -> shared-latent factorisation of rank `rank` (fp32)."""
+    """w_k [Hkv*D, hidden], w_v [Hkv*Dv, hidden] -> shared-latent factorisation of rank `rank` (fp32).
+
+    `inputs` [T, hidden]: calibration activations of the layer; the factorisation then minimises the
+    error of the K/V the layer produces on them rather than of the weights (`whitening`)."""
     head_dim = w_k.shape[0] // num_kv_heads
     if w_k.shape[0] != num_kv_heads * head_dim or w_v.shape[0] % num_kv_heads:
         raise ValueError(f"K/V rows {w_k.shape[0]}, {w_v.shape[0]} are not multiples of Hkv={num_kv_heads}")
@@ -65,9 +79,16 @@ def factorize_kv(
     max_rank = min(joint.shape)
     if not 1 <= rank <= max_rank:
         raise ValueError(f"latent_rank={rank} must be within 1..{max_rank} (min of K/V rows and hidden size)")
-    u, s, vh = torch.linalg.svd(joint, full_matrices=False)
-    up = u[:, :rank] * s[:rank]
-    down = vh[:rank]
+    if inputs is None:
+        u, s, vh = torch.linalg.svd(joint, full_matrices=False)
+        up, down = u[:, :rank] * s[:rank], vh[:rank]
+    else:
+        if inputs.shape[1] != joint.shape[1]:
+            raise ValueError(f"calibration inputs have width {inputs.shape[1]}, the projections {joint.shape[1]}")
+        white = whitening(inputs.to(joint.device))
+        u, s, vh = torch.linalg.svd(joint @ white, full_matrices=False)
+        up = u[:, :rank] * s[:rank]
+        down = torch.linalg.solve_triangular(white, vh[:rank], upper=False, left=False)  # V_r^T S^-1
     approx = up @ down
     n_k = w_k_nope.shape[0]
     return MlaConversion(

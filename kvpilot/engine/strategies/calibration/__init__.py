@@ -1,0 +1,1 @@
+"""Calibration for load-time conversions: tokens from a user's text, and each layer's attention input on them."""
