@@ -78,8 +78,11 @@ def _offline(args: argparse.Namespace) -> int:
         engine = LLMEngine(EngineConfig(model=str(model_dir), show_progress=not args.no_progress, **knobs))
         requests = random_requests(args.num_requests, inputs, outputs, engine.model_config.vocab_size, args.seed)
         progress = not args.no_progress
-        run_engine(engine, warmup_requests(requests), args.temperature, "warmup", progress)
-        run = run_engine(engine, requests, args.temperature, "offline", progress)
+        try:
+            run_engine(engine, warmup_requests(requests), args.temperature, "warmup", progress)
+            run = run_engine(engine, requests, args.temperature, "offline", progress)
+        finally:
+            engine.shutdown()  # tensor-parallel ranks stop (nothing to do at one rank)
     result = offline_result(engine, requests, run, args.shape or str(args.model))
     result["temperature"] = args.temperature
     print(f"{result['requests']} requests, {result['input_tokens']} prompt + {result['output_tokens']} generated "

@@ -67,6 +67,8 @@ def offline_result(engine: Any, requests: list[BenchRequest], run: dict, model: 
         "output_tokens": run["output_tokens"],
         "total_s": round(run["seconds"], 3),
         "output_tok_s": round(run["output_tokens"] / run["seconds"], 1),
+        "tensor_parallel_size": config.tensor_parallel_size,  # throughput per GPU: output_tok_s / this
+        "output_tok_s_per_rank": round(run["output_tokens"] / run["seconds"] / config.tensor_parallel_size, 1),
         "total_tok_s": round((input_tokens + run["output_tokens"]) / run["seconds"], 1),
         "steps": run["steps"],
         "max_num_seqs": config.max_num_seqs,

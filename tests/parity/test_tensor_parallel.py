@@ -26,10 +26,10 @@ pytestmark = pytest.mark.parity
 
 MAX_NEW = 8
 PROMPTS = mixed_prompts()
-VARIANTS = {  # name -> (family, num_key_value_heads); the tiny models have 4 query heads
-    "llama-kv2": ("llama", 2),
-    "llama-kv1": ("llama", 1),
-    "qwen2-kv2": ("qwen2", 2),
+VARIANTS = {  # name -> (family, num_key_value_heads, vocab_size); the tiny models have 4 query heads
+    "llama-kv2": ("llama", 2, 384),
+    "llama-kv1": ("llama", 1, 384),
+    "qwen2-kv2": ("qwen2", 2, 385),  # an odd vocabulary: the last rank's share is zero-padded
 }
 PREEMPT = {
     "num_kv_blocks": 10,
@@ -38,8 +38,8 @@ PREEMPT = {
 
 
 def build(out_dir: Path, name: str) -> Path:
-    family, kv_heads = VARIANTS[name]
-    return build_hf_checkpoint(out_dir, family, seed=len(name) + 7, num_key_value_heads=kv_heads)
+    family, kv_heads, vocab = VARIANTS[name]
+    return build_hf_checkpoint(out_dir, family, seed=len(name) + 7, num_key_value_heads=kv_heads, vocab_size=vocab)
 
 
 checkpoint = hf_reference_fixture(build, PROMPTS, MAX_NEW)
