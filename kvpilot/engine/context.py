@@ -45,6 +45,10 @@ class Context:
         return self.num_prefill_tokens > 0
 
 
+class StopForward(Exception):
+    """Raised by a forward hook to end a pass early (at `Context.capture_layer`); every rank stops there."""
+
+
 _CONTEXT = Context()
 
 

@@ -16,6 +16,10 @@ class LLM:
         self.engine = LLMEngine(EngineConfig(model=str(model), **engine_kwargs))
         self.tokenizer = self.engine.tokenizer
 
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel ranks (tensor_parallel_size > 1); nothing to do at one rank."""
+        self.engine.shutdown()
+
     def generate(
         self,
         prompts: list[str] | list[list[int]] | str,

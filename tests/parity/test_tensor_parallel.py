@@ -129,3 +129,39 @@ def test_refused_before_any_rank_starts(tmp_path: Path) -> None:
     ):
         LLM(str(path), tensor_parallel_size=3)
     assert not multiprocessing.active_children()
+
+
+@pytest.mark.parametrize("checkpoint", ["llama-kv1"], indirect=True)
+def test_a_hung_rank_times_out_and_fails_closed(checkpoint) -> None:
+    """A rank that stops answering (SIGSTOP) is not waited on forever: the collective times out and the
+    engine refuses every later call with the reason, and says so once through on_fatal."""
+    import os
+    import signal
+    import time
+
+    from kvpilot.engine.llm_engine import LLMEngine
+    from kvpilot.engine.parallel.driver import TensorParallelError
+    from kvpilot.engine.sampling_params import SamplingParams
+    from tests.parity.helpers import make_engine
+
+    path, _ = checkpoint
+    fatal: list[str] = []
+    eng: LLMEngine = make_engine(path, tensor_parallel_size=2, tensor_parallel_timeout=5.0)
+    eng.tp.driver.on_fatal = fatal.append
+    (rank1,) = eng.tp.procs
+    try:
+        eng.add_request("a", PROMPTS[2], SamplingParams(max_tokens=4))
+        eng.step()
+        os.kill(rank1.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(TensorParallelError, match="failing closed"):
+            eng.step()  # stuck sending the call (the watchdog kills the rank) or in a collective (it times out)
+        assert time.monotonic() - started < 30
+        assert len(fatal) == 1 and "failing closed" in fatal[0]
+        with pytest.raises(TensorParallelError, match="failing closed"):
+            eng.step()  # no second wait: refused at once
+        assert not rank1.is_alive()  # the watchdog stopped the hung rank
+    finally:
+        if rank1.is_alive():
+            rank1.kill()
+        eng.shutdown()

@@ -5,6 +5,7 @@ building and loading a rank's shard runs no collective)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.unit
 class _Recording:
     """safe_open that records which tensors were read whole."""
 
-    whole: list[str] = []
+    whole: ClassVar[list[str]] = []
 
     def __init__(self, path: str, framework: str) -> None:
         self._f = safe_open(path, framework=framework)

@@ -33,11 +33,11 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        if self.tp_driver is not None:
-            self.tp_driver.forward(input_ids, positions)
+        if self.tp_driver is not None:  # rank 0 of a tensor-parallel engine (parallel/driver.py)
+            return self.tp_driver.forward(self.model, input_ids, positions)
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.tp_driver is not None:
-            self.tp_driver.logits(hidden)
+            return self.tp_driver.logits(self.lm_head, hidden)
         return self.lm_head(hidden)

@@ -52,13 +52,20 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def all_reduce_min(value: int, device: torch.device) -> int:
+def all_reduce_min(value: int) -> int:
     """The smallest of every rank's value (KV blocks: every rank must hold the same block ids)."""
     if _TP is None or _TP.world == 1:
         return value
-    t = torch.tensor([value], dtype=torch.long, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=_TP.group)
+    t = torch.tensor([value], dtype=torch.long)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=_TP.control)
     return int(t.item())
+
+
+def barrier() -> None:
+    """Wait for every rank (on the control group: loading weights may take any time), so the device
+    group's short collective timeout starts counting only once all ranks are ready."""
+    if _TP is not None and _TP.world > 1:
+        dist.barrier(group=_TP.control)
 
 
 def gather_last_dim(x: torch.Tensor) -> torch.Tensor:
@@ -80,6 +87,7 @@ def broadcast_command(command: Any) -> Any:
 
 
 CONTROL_TIMEOUT = timedelta(days=3650)  # an idle engine's ranks wait for rank 0's next command
+START_TIMEOUT = timedelta(minutes=10)  # joining the group; after loading weights, every rank meets in barrier()
 
 
 def init_tp(rank: int, world: int, init_method: str, backend: str, timeout_s: float) -> TPGroup:
@@ -89,11 +97,12 @@ def init_tp(rank: int, world: int, init_method: str, backend: str, timeout_s: fl
             "this process already belongs to a torch.distributed group: run one tensor-parallel engine per "
             "process (shut the other down first: LLMEngine.shutdown())"
         )
-    dist.init_process_group(
-        backend, init_method=init_method, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
-    )
-    control = dist.new_group(list(range(world)), timeout=CONTROL_TIMEOUT, backend="gloo")
-    tp = TPGroup(rank, world, dist.group.WORLD, control)
+    # joining waits for the slowest rank to start (import torch, spawn): START_TIMEOUT, not the collectives'
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world, timeout=START_TIMEOUT)
+    ranks = list(range(world))
+    control = dist.new_group(ranks, timeout=CONTROL_TIMEOUT, backend="gloo")
+    group = dist.new_group(ranks, timeout=timedelta(seconds=timeout_s), backend=backend)
+    tp = TPGroup(rank, world, group, control)
     set_tp(tp)
     return tp
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import torch
 
 from kvpilot.engine.config import EngineConfig
-from kvpilot.engine.context import dense_context
+from kvpilot.engine.context import StopForward, dense_context
 from kvpilot.engine.core.scheduler import SchedulerOutput
 from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.metrics.stats_contract import FALLBACK_REASONS
@@ -57,7 +57,7 @@ def forcing_exact(model: torch.nn.Module, layer_type: type) -> Iterator[None]:
             layer.force_exact = False
 
 
-class _Captured(Exception):
+class _Captured(StopForward):
     """Raised by a capture hook to stop a recompute once the wanted layer has run."""
 
 

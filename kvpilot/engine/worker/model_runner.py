@@ -17,7 +17,7 @@ from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.models import build_model
 from kvpilot.engine.parallel.driver import TPDriver
 from kvpilot.engine.parallel.shard import head_shard
-from kvpilot.engine.parallel.state import all_reduce_min, tp_rank, tp_world
+from kvpilot.engine.parallel.state import all_reduce_min, barrier, tp_rank, tp_world
 from kvpilot.engine.strategies.gqa.apply import apply_gqa
 from kvpilot.engine.strategies.gqa.convert import gqa_transform
 from kvpilot.engine.strategies.linear.apply import apply_linear
@@ -95,9 +95,11 @@ class ModelRunner:
         self._estimated = (0, 0)  # (tokens, logit rows) of the largest CPU activation estimate so far
         self.activation_peak_bytes = 0
         self._baseline_allocated = torch.cuda.memory_allocated(self.device) if self.is_cuda else 0
+        if self.world > 1:
+            barrier()  # every rank has its weights: collectives (the CUDA profile pass) may start
         num_blocks = self._size_kv_pool()
         if self.world > 1:  # block ids are shared: every rank holds the smallest rank's count
-            num_blocks = all_reduce_min(num_blocks, self.device)
+            num_blocks = all_reduce_min(num_blocks)
         self.cache: KVCache = allocate_kv_cache(
             self.kv_layout, self.model, self.rank_kv_config, num_blocks, self.block_size,
             self.mla.latent_width, self.device, config.fallback_reserve if self.mla.mode == "converted" else 0.0,

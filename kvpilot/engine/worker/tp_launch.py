@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import wait
 
@@ -20,6 +21,7 @@ from kvpilot.engine.worker.tp_worker import worker_main
 
 log = logging.getLogger("kvpilot.engine.tensor_parallel")
 STOP_JOIN_SECONDS = 10.0
+WATCH_SECONDS = 0.5  # how often the watchdog looks at a pending call
 
 
 def backend_for(device: str) -> str:
@@ -59,33 +61,69 @@ class TensorParallelLaunch:
         ]
         for proc in self.procs:
             proc.start()
-        self.driver = TPDriver()
-        self.on_fatal = on_fatal
+        self.driver = TPDriver(on_fatal)
+        self.timeout_s = config.tensor_parallel_timeout
         self._stopping = False
         try:
-            init_tp(0, world, init_method, backend, config.tensor_parallel_timeout)
-        except Exception:
+            self._join(world, init_method, backend)
+        except BaseException:
             self._kill()
             raise
         self._watchdog = threading.Thread(target=self._watch, name="kvpilot-tp-watchdog", daemon=True)
         self._watchdog.start()
         log.info("tensor parallel: %d ranks (%s), pids %s", world, backend, [p.pid for p in self.procs])
 
+    def _join(self, world: int, init_method: str, backend: str) -> None:
+        """Join the group as rank 0; a rank that exits meanwhile (its traceback is in the log above) ends
+        the wait at once instead of after the rendezvous timeout."""
+        errors: list[BaseException] = []
+
+        def join() -> None:
+            try:
+                init_tp(0, world, init_method, backend, self.timeout_s)
+            except BaseException as exc:
+                errors.append(exc)
+
+        joiner = threading.Thread(target=join, name="kvpilot-tp-join", daemon=True)
+        joiner.start()
+        while joiner.is_alive():
+            joiner.join(WATCH_SECONDS)
+            dead = [(rank, p) for rank, p in enumerate(self.procs, start=1) if p.exitcode is not None]
+            if dead:
+                rank, proc = dead[0]
+                raise RuntimeError(
+                    f"tensor-parallel rank {rank} (pid {proc.pid}) exited with code {proc.exitcode} while the engine "
+                    "started; its log above says why"
+                )
+        if errors:
+            raise errors[0]
+
     def _watch(self) -> None:
+        """Fail closed when a rank exits, or when the ranks do not take rank 0's call within the timeout
+        (a hung rank: a gloo send waits for its receiver, so rank 0 would wait with it); a hung rank is
+        killed so that rank 0's pending call returns with an error instead of waiting."""
         sentinels = {p.sentinel: (rank, p) for rank, p in enumerate(self.procs, start=1)}
-        ready = wait(list(sentinels))
-        if self._stopping:
-            return
-        rank, proc = sentinels[ready[0]]
-        proc.join(1.0)
-        message = (
-            f"tensor-parallel rank {rank} (pid {proc.pid}) exited with code {proc.exitcode}; the engine cannot "
-            "run without it and fails closed"
-        )
-        log.error(message)
-        self.driver.failure = message
-        if self.on_fatal is not None:
-            self.on_fatal(message)
+        while not self._stopping:
+            ready = wait(list(sentinels), timeout=WATCH_SECONDS)
+            if self._stopping:
+                return
+            if ready:
+                rank, proc = sentinels[ready[0]]
+                proc.join(1.0)
+                self.driver.fail(
+                    f"tensor-parallel rank {rank} (pid {proc.pid}) exited with code {proc.exitcode}; the engine "
+                    "cannot run without it and fails closed"
+                )
+                return
+            since = self.driver.sending_since
+            if since is not None and time.monotonic() - since > self.timeout_s:
+                self.driver.fail(
+                    f"tensor parallel: the other ranks did not take rank 0's call within {self.timeout_s:g} s "
+                    f"(--tensor-parallel-timeout; a rank hung); stopping ranks {[p.pid for p in self.procs]}, "
+                    "failing closed"
+                )
+                self._kill()
+                return
 
     def shutdown(self) -> None:
         """Tell the ranks to stop, wait for them, leave the group (idempotent)."""

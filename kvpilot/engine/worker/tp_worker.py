@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 
 import torch
 
 from kvpilot.engine.config import EngineConfig, ModelConfig
-from kvpilot.engine.context import reset_context, set_context
+from kvpilot.engine.context import StopForward, reset_context, set_context
 from kvpilot.engine.parallel.driver import context_to
 from kvpilot.engine.parallel.state import broadcast_command, close_tp, init_tp
 from kvpilot.engine.worker.model_runner import ModelRunner
@@ -18,14 +19,11 @@ from kvpilot.engine.worker.model_runner import ModelRunner
 log = logging.getLogger("kvpilot.engine.worker.tp_worker")
 
 
-class _Captured(Exception):
-    """Stops a dense pass once the layer runtime validation captures has run (as rank 0's hook does)."""
-
-
 def worker_main(
     rank: int, world: int, init_method: str, backend: str, config: EngineConfig, threads: int
 ) -> None:
     """The entry point of a spawned rank (torch.multiprocessing)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: rank 0 stops us
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s %(levelname)s [tp rank {rank}] %(name)s: %(message)s"
     )
@@ -63,7 +61,7 @@ def serve(runner: ModelRunner) -> None:
         set_context(ctx)
         try:
             model(ids.to(device), positions.to(device))
-        except _Captured:
+        except StopForward:  # rank 0 stopped at the same layer (runtime validation's exact side)
             pass
         finally:
             reset_context()
@@ -72,4 +70,4 @@ def serve(runner: ModelRunner) -> None:
 
 
 def _stop(_module, _args, _output) -> None:
-    raise _Captured
+    raise StopForward
