@@ -146,7 +146,7 @@ def test_a_hung_rank_times_out_and_fails_closed(checkpoint) -> None:
 
     path, _ = checkpoint
     fatal: list[str] = []
-    eng: LLMEngine = make_engine(path, tensor_parallel_size=2, tensor_parallel_timeout=5.0)
+    eng: LLMEngine = make_engine(path, tensor_parallel_size=2, tensor_parallel_timeout=10.0)
     eng.tp.driver.on_fatal = fatal.append
     (rank1,) = eng.tp.procs
     try:
@@ -156,11 +156,11 @@ def test_a_hung_rank_times_out_and_fails_closed(checkpoint) -> None:
         started = time.monotonic()
         with pytest.raises(TensorParallelError, match="failing closed"):
             eng.step()  # stuck sending the call (the watchdog kills the rank) or in a collective (it times out)
-        assert time.monotonic() - started < 30
+        assert time.monotonic() - started < 60  # the 10 s timeout, on a loaded machine
         assert len(fatal) == 1 and "failing closed" in fatal[0]
         with pytest.raises(TensorParallelError, match="failing closed"):
             eng.step()  # no second wait: refused at once
-        assert not rank1.is_alive()  # the watchdog stopped the hung rank
+        assert not rank1.is_alive()  # failing closed stops the other ranks
     finally:
         if rank1.is_alive():
             rank1.kill()

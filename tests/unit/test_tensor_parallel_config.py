@@ -48,6 +48,8 @@ def test_one_rank_builds_plain_torch_layers() -> None:
         ({"tensor_parallel_size": 2, "attention": "linear"}, "attention='linear' is not available"),
         ({"tensor_parallel_size": 2, "attention": "mla", "latent_rank": 8}, "or tensor_parallel_size=1"),
         ({"tensor_parallel_timeout": 0}, "tensor_parallel_timeout must be > 0"),
+        ({"tensor_parallel_size": 2, "attention": "gqa", "kv_head_groups": 1, "conversion_calibration": "t.txt"},
+         "drop conversion_calibration"),
     ],
 )
 def test_config_refusals_say_what_is_allowed(knobs: dict, message: str) -> None:

@@ -255,6 +255,12 @@ def check_tensor_parallel(config: EngineConfig) -> None:
         raise ValueError(f"tensor_parallel_size must be >= 1 (1: no tensor parallelism), got {tp}")
     if tp == 1:
         return
+    if gqa_groups(config) is not None and getattr(config, "conversion_calibration", None) is not None:
+        raise ValueError(
+            f"conversion_calibration with attention='gqa' regroups the heads on one device; it is not available "
+            f"with tensor_parallel_size={tp}: drop conversion_calibration (index grouping works under TP) or use "
+            "tensor_parallel_size=1"
+        )
     for attention in ("mla", "linear"):
         if config.attention == attention and not getattr(config, f"disable_{attention}"):
             raise ValueError(

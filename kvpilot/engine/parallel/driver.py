@@ -41,9 +41,12 @@ def context_to(ctx: Context, device: torch.device | str) -> Context:
 class TPDriver:
     """Sends rank 0's model calls to ranks 1..N-1 (parallel/state.broadcast_command) and runs them."""
 
-    def __init__(self, on_fatal: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, on_fatal: Callable[[str], None] | None = None, stop_ranks: Callable[[], None] | None = None
+    ) -> None:
         self.failure: str | None = None  # once set, every call raises TensorParallelError
         self.on_fatal = on_fatal
+        self.stop_ranks = stop_ranks  # kills the other ranks: out of step, they can only wait or misread
         self._lock = threading.Lock()
         self.sending_since: float | None = None  # a call not yet taken by every rank (the watchdog reads it)
 
@@ -56,6 +59,8 @@ class TPDriver:
         log.error(message)
         if self.on_fatal is not None:
             self.on_fatal(message)
+        if self.stop_ranks is not None:
+            self.stop_ranks()
 
     def forward(
         self, model: Callable[..., torch.Tensor], input_ids: torch.Tensor, positions: torch.Tensor

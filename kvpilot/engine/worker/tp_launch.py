@@ -61,7 +61,7 @@ class TensorParallelLaunch:
         ]
         for proc in self.procs:
             proc.start()
-        self.driver = TPDriver(on_fatal)
+        self.driver = TPDriver(on_fatal, stop_ranks=self._kill)
         self.timeout_s = config.tensor_parallel_timeout
         self._stopping = False
         try:
@@ -121,8 +121,7 @@ class TensorParallelLaunch:
                     f"tensor parallel: the other ranks did not take rank 0's call within {self.timeout_s:g} s "
                     f"(--tensor-parallel-timeout; a rank hung); stopping ranks {[p.pid for p in self.procs]}, "
                     "failing closed"
-                )
-                self._kill()
+                )  # and kills the ranks: rank 0's pending call then returns with an error
                 return
 
     def shutdown(self) -> None:

@@ -18,8 +18,7 @@ def apply_gqa(model: torch.nn.Module, config: Any, transform: Any, device: torch
     groups = gqa_groups(config)
     if not originals or groups is None:
         return None
-    if world > 1:
-        raise ValueError("conversion_calibration with attention='gqa' needs one device (tensor_parallel_size 1)")
+    assert world == 1, "config/strategy.check_tensor_parallel refuses calibrated GQA under TP"
     from kvpilot.engine.strategies.gqa.calibrate import calibrate_gqa
 
     ids = calibration_tokens(config)
