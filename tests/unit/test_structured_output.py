@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 
 from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.llm_engine import LLMEngine
 from kvpilot.engine.make_model import make_model
 from kvpilot.engine.sampling_params import SamplingParams
@@ -165,3 +166,39 @@ def _parses(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def test_min_tokens_gives_way_to_a_complete_grammar(engine: LLMEngine) -> None:
+    """Once the grammar is complete only EOS may follow, and min_tokens bans EOS: EOS wins, and no
+    token outside the grammar (a special token, say) is sampled from an all -inf row."""
+    ids = engine.tokenizer.encode(PROMPT)
+    tokens: dict[str, list[int]] = {}
+    for i in range(3):
+        params = SamplingParams(temperature=1.0, seed=i, max_tokens=30, min_tokens=10,
+                                structured=StructuredSpec("choice", ("ab", "cd")))  # fmt: skip
+        engine.add_request(f"mt{i}", ids, params)
+        tokens[f"mt{i}"] = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens[out.request_id] += out.new_token_ids
+    eos = set(engine.tokenizer.eos_token_ids)
+    for got in tokens.values():
+        text = engine.tokenizer.decode(got[:-1])
+        assert text in ("ab", "cd") and got[-1] in eos, got
+        assert engine.tokenizer.decode(got[:-1], skip_special_tokens=False) == text, got  # no hidden special token
+
+
+def test_a_token_outside_the_grammar_ends_the_row_with_eos(engine: LLMEngine) -> None:
+    import torch
+
+    seq = Sequence("broken", [5], SamplingParams(structured=StructuredSpec("regex", "[0-9]+")))
+    seq.append_token(engine.tokenizer.encode("x", add_special_tokens=False)[0])  # "x" is not a digit
+    structured = engine.structured
+    structured.add("broken", seq.params.structured)  # type: ignore[arg-type]
+    try:
+        vocab = engine.model_config.vocab_size
+        masked = structured.apply(torch.zeros(1, vocab), [seq])
+        allowed = torch.isfinite(masked[0]).nonzero()[:, 0].tolist()
+        assert allowed == sorted(engine.tokenizer.eos_token_ids)
+    finally:
+        structured.release("broken")

@@ -81,9 +81,9 @@ class StructuredOutput:
                 sub[i] = float("-inf")
                 sub[i, list(self.stop_token_ids)] = keep.clamp_min(0.0)
         # a row whose every allowed token was also banned by a logits processor (min_tokens bans EOS
-        # when the grammar is complete): the grammar wins, uniformly over what it allows.
-        dead = torch.isneginf(sub).all(dim=-1)
-        if bool(dead.any()):
+        # when the grammar is complete): the grammar wins, uniformly over what it allows. Checked only
+        # where min_tokens is still active (the check reads back from the device).
+        if any(_min_tokens_active(seqs[k]) for k in rows) and bool((dead := torch.isneginf(sub).all(dim=-1)).any()):
             fallback = torch.zeros_like(sub)
             xgr.apply_token_bitmask_inplace(fallback, device_mask, vocab_size=logits.shape[-1])
             sub = torch.where(dead[:, None], fallback, sub)
@@ -113,3 +113,7 @@ class StructuredOutput:
 
     def stats(self) -> dict[str, int]:
         return {"live_matchers": len(self._live), "masked_rows_total": self.masked_rows_total, **self.compiler.stats()}
+
+
+def _min_tokens_active(seq: Any) -> bool:
+    return bool(seq.params.min_tokens) and seq.num_completion_tokens < seq.params.min_tokens
