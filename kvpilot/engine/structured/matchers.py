@@ -20,6 +20,8 @@ from kvpilot.engine.structured.spec import StructuredSpec
 
 log = logging.getLogger("kvpilot.engine")
 
+THREADED_FILL_CELLS = 2_000_000  # rows x vocab from which the bitmask is filled by a thread pool
+
 
 @dataclass
 class _Tracked:
@@ -64,9 +66,13 @@ class StructuredOutput:
 
         tracked = [self._catch_up(seqs[k]) for k in rows]
         bitmask = self._bitmask_rows(len(rows), logits.shape[-1])
-        if self._batch is None:
-            self._batch = xgr.BatchGrammarMatcher(max_threads=2)
-        self._batch.batch_fill_next_token_bitmask([t.matcher for t in tracked], bitmask)
+        if len(rows) * logits.shape[-1] >= THREADED_FILL_CELLS:  # big vocabularies: xgrammar's thread pool
+            if self._batch is None:
+                self._batch = xgr.BatchGrammarMatcher(max_threads="auto")
+            self._batch.batch_fill_next_token_bitmask([t.matcher for t in tracked], bitmask)
+        else:  # small fills: starting threads costs more than the fill (0.4 ms vs 0.07 ms, 16 rows x 384)
+            for i, t in enumerate(tracked):
+                t.matcher.fill_next_token_bitmask(bitmask, i)
         json_rows = [i for i, t in enumerate(tracked) if t.json]
         if json_rows:
             safe = torch.from_numpy(self.compiler.json_safe_words())
