@@ -61,7 +61,8 @@ class LLMEngine:
         try:
             self.runner = ModelRunner(config, self.model_config, self.tp.driver if self.tp else None)
         except BaseException:
-            self.shutdown()
+            if self.tp is not None:  # the ranks may be anywhere in their start: stop them, say nothing
+                self.tp.abort()
             raise
         self.runner.eos_token_ids = self.tokenizer.eos_token_ids  # the tokenizer's EOS too (min_tokens)
         # grammar matchers of structured requests; the runner masks their rows' logits with them

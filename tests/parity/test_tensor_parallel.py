@@ -165,3 +165,19 @@ def test_a_hung_rank_times_out_and_fails_closed(checkpoint) -> None:
         if rank1.is_alive():
             rank1.kill()
         eng.shutdown()
+
+
+
+@pytest.mark.parametrize("checkpoint", ["llama-kv2"], indirect=True)
+def test_rank_zero_failing_to_start_leaves_no_rank_behind(checkpoint, monkeypatch) -> None:
+    """Rank 0 fails after the others joined (they wait in a collective): the start fails with that error
+    at once, and the other ranks are stopped (spawned ranks do not see this monkeypatch)."""
+    from kvpilot.engine.worker.model_runner import ModelRunner
+
+    def fail(_self):
+        raise RuntimeError("no memory for the KV pool (test)")
+
+    monkeypatch.setattr(ModelRunner, "_size_kv_pool", fail)
+    with pytest.raises(RuntimeError, match="no memory for the KV pool"):
+        LLM(checkpoint[0], show_progress=False, tensor_parallel_size=2)
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("kvpilot-tp-rank")]

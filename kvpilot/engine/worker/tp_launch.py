@@ -139,6 +139,12 @@ class TensorParallelLaunch:
         self._kill()
         close_tp()
 
+    def abort(self) -> None:
+        """Kill the ranks without a word (the engine failed to start) and leave the group."""
+        self._stopping = True
+        self._kill()
+        close_tp()
+
     def _kill(self) -> None:
         for proc in self.procs:
             if proc.is_alive():
