@@ -73,7 +73,7 @@ def heldout_windows(model_dir: Path, tokenizer, length: int, count: int) -> list
 def perplexity(engine: LLMEngine, windows: list[list[int]]) -> float:
     nll, n = 0.0, 0
     for w in windows:
-        logprobs = score_paged(engine.runner, engine.block_manager, engine.evictor, w[:1], w[1:])
+        logprobs, _ = score_paged(engine.runner, engine.block_manager, engine.evictor, w[:1], w[1:])
         nll -= sum(logprobs)
         n += len(logprobs)
     return math.exp(nll / n)

@@ -57,7 +57,7 @@ class StepHooks:
         checks += kv_quant_checks(runner, bm, requeue)
         checks += linear_checks(runner, bm, requeue, evicting)
         checks += mla_checks(runner, bm, requeue)
-        checks += gqa_checks(runner, config)
+        checks += gqa_checks(runner, config, bm, requeue)
         self.validation = ValidationRunner(config, runner, checks)
         self.block_manager = bm
         layers = runner.model.attention_layers()

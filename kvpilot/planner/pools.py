@@ -1,7 +1,7 @@
 """The KV pool split the engine makes: a fallback reserve beside a lossy strategy's pool, or the 16-bit
 and int8 pools of `kv_cache_dtype: auto` switching (engine: strategies/fallback, core/pools.py).
 
-- A lossy strategy (int8/fp8 KV, MLA conversion, Performer) keeps `fallback_reserve` of the KV pool
+- A lossy strategy (int8/fp8 KV, GQA or MLA conversion, Performer) keeps `fallback_reserve` of the KV pool
   as exact-path blocks (16-bit K/V of the unconverted layers) for sequences that fail runtime
   validation: the approximate pool is the rest, and the concurrency limit is planned on it.
 - `auto` with `kv_quant_auto_threshold` T: `kv_quant_auto_split` of the pool holds 16-bit blocks, the
@@ -30,7 +30,8 @@ class PoolSplit:
 def is_lossy(model: ModelShape, strategy: KVStrategy) -> bool:
     """Whether the engine serves this strategy approximately with an exact path to fall back to."""
     converted_mla = strategy.attention == "mla" and model.mla is None
-    return strategy.kv_cache_dtype in ("int8", "fp8") or converted_mla or strategy.attention == "linear"
+    merged = strategy.attention == "gqa" and (strategy.kv_head_groups or 0) < model.num_kv_heads
+    return strategy.kv_cache_dtype in ("int8", "fp8") or converted_mla or merged or strategy.attention == "linear"
 
 
 def exact_sequence_bytes(model: ModelShape, strategy: KVStrategy, max_seq_len: int) -> int:
@@ -55,14 +56,16 @@ def split_pool(model: ModelShape, strategy: KVStrategy, pool_bytes: int, max_seq
 
 def extra_weight_bytes(model: ModelShape, strategy: KVStrategy) -> int:
     """Bytes the engine holds beyond the checkpoint's weights for a conversion, or saves by it:
-    GQA merges K/V (fewer) and keeps the validated layer's originals (runtime validation); the MLA
-    conversion keeps every layer's K/V projections (validation, fallback) beside its factors."""
+    GQA merges K/V (fewer) and keeps the originals of the validated layer (runtime validation) or, with
+    a fallback reserve, of every layer (the unmerged path); the MLA conversion keeps every layer's K/V
+    projections (validation, fallback) beside its factors."""
     width = model.weight_dtype_bytes or model.dtype_bytes
     h, kv = model.hidden_size, model.num_kv_heads * model.head_dim
     layers = model.num_full_layers
     if strategy.attention == "gqa" and model.mla is None and strategy.kv_head_groups:
         merged = strategy.kv_head_groups * model.head_dim
-        return (layers * 2 * h * (merged - kv) + 2 * h * kv) * width if merged < kv else 0
+        kept = layers if strategy.fallback_reserve > 0 else 1
+        return (layers * 2 * h * (merged - kv) + kept * 2 * h * kv) * width if merged < kv else 0
     if strategy.attention == "mla" and model.mla is None and strategy.latent_rank:
         r = strategy.latent_rank
         return layers * (r * h + 2 * kv * r) * width

@@ -192,10 +192,21 @@ def paired_heads(tmp_path_factory):
     return path
 
 
-def test_gqa_merging_unlike_heads_is_caught_but_has_no_unmerged_path(paired_heads):
+def test_gqa_merging_unlike_heads_falls_back_to_the_unmerged_reserve(paired_heads):
     """One group for four unlike heads: the validated layer's attention with the checkpoint's own K/V
-    differs; there is no unmerged path to move to, so each check counts as unrecovered."""
+    differs; the sequence moves to the reserve of full-head K/V and is served unmerged from then on."""
     eng = engine(paired_heads, attention="gqa", kv_head_groups=1, **GUARDED)
+    prompt = prompt_of(40)
+    got, feed = run(eng, prompt)
+    assert_fell_back_then_exact(paired_heads, got, feed, "gqa", prompt)
+    n_exact, n_merged = eng.runner.kv_pool_sizes
+    assert feed["reserve"]["blocks_total"] == n_exact > 0 and n_merged > 0
+    assert eng.runner.cache.reserve_cache.shape[4] == 4 and eng.runner.kv_cache.shape[4] == 1  # KV heads
+    assert eng.block_manager.num_used_blocks == 0
+
+
+def test_gqa_without_a_reserve_counts_failures_as_unrecovered(paired_heads):
+    eng = engine(paired_heads, attention="gqa", kv_head_groups=1, **{**GUARDED, "fallback_reserve": 0.0})
     _, feed = run(eng, prompt_of(40))
     assert feed["checks_total"] == NEW // EVERY - (NEW % EVERY == 0) and feed["last_cosine"] < 0.92
     assert feed["unrecovered_total"] == {"gqa": feed["checks_total"]} and fallbacks(feed, "gqa") == 0
@@ -207,3 +218,16 @@ def test_gqa_merging_identical_heads_passes_its_checks(paired_heads):
     assert_healthy(feed, "gqa")
     assert feed["last_cosine"] > 0.99999
     assert got == engine_greedy(engine(paired_heads), [prompt_of(40)], NEW)[0]  # merging changed nothing
+
+
+def test_unmerged_and_merged_gqa_sequences_share_steps(paired_heads):
+    """As for MLA: 'b' falls back to the unmerged reserve, 'a' stays merged, in the same steps."""
+    gqa = {"attention": "gqa", "kv_head_groups": 1}
+    eng = engine(paired_heads, **gqa, **{**GUARDED, "validation_sample_rate": 0.5})
+    prompts = [prompt_of(40), prompt_of(33, seed=2)]
+    got = engine_greedy(eng, prompts, NEW, ["a", "b"])
+    feed = eng.stats()["validation"]
+    assert feed["fallbacks_total"]["gqa"]["low_cosine"] == 1 and feed["checks_total"] == 1
+    k = EVERY + 1
+    assert got[1][k:] == engine_greedy(engine(paired_heads), [prompts[1] + got[1][:k]], NEW - k)[0]
+    assert got[0] == engine_greedy(engine(paired_heads, **gqa), [prompts[0]], NEW)[0]

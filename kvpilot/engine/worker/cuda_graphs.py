@@ -18,8 +18,8 @@ something a graph cannot repeat (decided by inspection; when in doubt, eager):
   - any attention layer that is not the plain paged `Attention`: Performer / linear conversion
     (exact window + summary, per-sequence exact-path flags), MLA conversion or native MLA
     (latent cache, per-step plans), and the recurrent linear state;
-  - `kv_cache_dtype` auto switching, or int8/fp8 with a 16-bit fallback reserve
-    (strategies/fallback): the step is split by pool on the host (`split_by_pool`);
+  - `kv_cache_dtype` auto switching, or a fallback reserve pool (int8/fp8's 16-bit one, a GQA
+    conversion's unmerged one; strategies/fallback): the step is split by pool on the host;
   - eviction: resident views shrink and positions run ahead of context lengths.
 - a step runs eagerly (`step_fallback_reason`) when it has prefill chunks (prefill or mixed),
   its batch exceeds the largest bucket, its block table is wider than the static one, or any
@@ -230,8 +230,8 @@ class DecodeGraphs:
 
 def _kv_kind(runner: Any) -> str:
     kind = runner.kv_layout.kind
-    if kind in ("int8", "fp8") and len(runner.kv_pool_sizes) == 2:
-        return f"{kind} with a 16-bit fallback reserve"
+    if kind != "auto-switch" and len(runner.kv_pool_sizes) == 2:  # int8/fp8, or a GQA conversion's reserve
+        return f"{kind} with a fallback reserve pool"
     return kind
 
 

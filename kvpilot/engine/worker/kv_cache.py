@@ -125,7 +125,8 @@ class KVCache:
     pool_sizes: tuple[int, ...]
     kv_cache8: tuple[torch.Tensor, torch.Tensor] | None = None
     kv_scales: torch.Tensor | None = None
-    reserve_cache: torch.Tensor | None = None  # the MLA conversion's K/V fallback reserve
+    reserve_cache: torch.Tensor | None = None  # a conversion's K/V fallback reserve (MLA, GQA)
+    exact_block_bytes: int = 0  # bytes of one reserve block (0: no conversion reserve)
 
     @property
     def quant_bytes(self) -> int:
@@ -136,47 +137,57 @@ class KVCache:
         return sum(t.numel() * t.element_size() for t in extra)
 
 
-def latent_reserve_blocks(
-    layout: KVLayout, mc: ModelConfig, num_blocks: int, block_size: int, latent_width: int, share: float
-) -> tuple[int, int]:
-    """(K/V reserve blocks, latent blocks) for a pool of num_blocks latent blocks: `share` of its bytes
-    held as K/V blocks of the unconverted layers (the MLA conversion's fallback reserve)."""
+def reserve_blocks(num_blocks: int, share: float, converted_bytes: int, exact_bytes: int) -> tuple[int, int]:
+    """(exact reserve blocks, converted blocks) for a pool of num_blocks converted blocks: `share` of its
+    bytes held as K/V blocks of the unconverted layers (a conversion's fallback reserve)."""
     if share <= 0.0:
         return 0, num_blocks
     if num_blocks < 2:
-        raise ValueError(f"an MLA conversion with a fallback reserve needs >= 2 KV blocks, got {num_blocks}")
-    n_latent = max(1, num_blocks - max(1, round(num_blocks * share)))
-    latent = block_bytes(layout, mc, block_size, latent_width)
-    return max(1, (num_blocks - n_latent) * latent // layout.bytes16(mc, block_size)), n_latent
+        raise ValueError(f"a conversion with a fallback reserve needs >= 2 KV blocks, got {num_blocks}")
+    n_converted = max(1, num_blocks - max(1, round(num_blocks * share)))
+    return max(1, (num_blocks - n_converted) * converted_bytes // exact_bytes), n_converted
 
 
 def allocate_kv_cache(
     layout: KVLayout, model: nn.Module, mc: ModelConfig, num_blocks: int, block_size: int,
-    latent_width: int | None, device: torch.device, exact_reserve: float = 0.0,
+    latent_width: int | None, device: torch.device, exact_reserve: float = 0.0, reserve_kv_heads: int = 0,
 ) -> KVCache:
     """Allocate the pool for `num_blocks` blocks of `block_bytes` each and wire every attention layer.
     `latent_width`: the MLA conversion's rank or DeepSeek's latent width (None: a K/V cache);
-    `exact_reserve`: the MLA conversion's share of K/V reserve blocks (strategies/mla/reserve.py)."""
+    `exact_reserve`: a conversion's share of K/V reserve blocks (strategies/fallback/split.py): the MLA
+    conversion's, or the GQA conversion's with `reserve_kv_heads` (the checkpoint's KV heads)."""
     layers = model.attention_layers()  # type: ignore[operator]
     if layout.is_quantised:  # int8 / fp8 / auto switching: 8-bit K/V and scales per layer
         return _allocate_quantised(layout, layers, mc, num_blocks, block_size, device)
     if latent_width is not None:  # MLA: one latent row per token and layer (layers/latent_attention.py)
-        n_exact, n_latent = latent_reserve_blocks(layout, mc, num_blocks, block_size, latent_width, exact_reserve)
+        exact_bytes = layout.bytes16(mc, block_size)
+        n_exact, n_latent = reserve_blocks(
+            num_blocks, exact_reserve, block_bytes(layout, mc, block_size, latent_width), exact_bytes
+        )
         cache = torch.zeros((len(layers), n_latent, block_size, latent_width), dtype=layout.dtype, device=device)
         reserve = torch.zeros((2, len(layers), n_exact, block_size, mc.num_key_value_heads, mc.head_dim),
                               dtype=layout.dtype, device=device) if n_exact else None  # fmt: skip
         for i, attn in enumerate(layers):
             attn.kv_cache = cache[i]
-            if reserve is not None:  # the MLA conversion's fallback reserve (strategies/mla/reserve.py)
+            if reserve is not None:  # the MLA conversion's fallback reserve (strategies/fallback/split.py)
                 attn.reserve_k, attn.reserve_v, attn.first_latent = reserve[0, i], reserve[1, i], n_exact
         sizes = (n_exact, n_latent) if n_exact else (n_latent,)
-        return KVCache(cache, n_exact + n_latent, sizes, reserve_cache=reserve)
-    shape = (2, len(layers), num_blocks, block_size, mc.num_key_value_heads, mc.head_dim)
+        return KVCache(cache, n_exact + n_latent, sizes, reserve_cache=reserve, exact_block_bytes=exact_bytes)
+    n_exact, n_merged, exact_bytes = 0, num_blocks, 0
+    if reserve_kv_heads:  # the GQA conversion's fallback reserve: K/V blocks of the checkpoint's own heads
+        exact_bytes = layout.bytes16(mc, block_size) * reserve_kv_heads // mc.num_key_value_heads
+        n_exact, n_merged = reserve_blocks(num_blocks, exact_reserve, layout.bytes16(mc, block_size), exact_bytes)
+    shape = (2, len(layers), n_merged, block_size, mc.num_key_value_heads, mc.head_dim)
     cache = torch.zeros(shape, dtype=layout.dtype, device=device)
+    reserve = torch.zeros((2, len(layers), n_exact, block_size, reserve_kv_heads, mc.head_dim),
+                          dtype=layout.dtype, device=device) if n_exact else None  # fmt: skip
     for i, attn in enumerate(layers):
         attn.k_cache = cache[0, i]
         attn.v_cache = cache[1, i]
-    return KVCache(cache, num_blocks, (num_blocks,))
+        if reserve is not None:  # strategies/gqa/reserve.py
+            attn.reserve_k, attn.reserve_v, attn.first_latent = reserve[0, i], reserve[1, i], n_exact
+    sizes = (n_exact, n_merged) if n_exact else (n_merged,)
+    return KVCache(cache, n_exact + n_merged, sizes, reserve_cache=reserve, exact_block_bytes=exact_bytes)
 
 
 def _allocate_quantised(

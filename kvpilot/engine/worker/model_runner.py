@@ -20,6 +20,7 @@ from kvpilot.engine.parallel.shard import head_shard
 from kvpilot.engine.parallel.state import all_reduce_min, barrier, tp_rank, tp_world
 from kvpilot.engine.strategies.gqa.apply import apply_gqa
 from kvpilot.engine.strategies.gqa.convert import gqa_transform
+from kvpilot.engine.strategies.gqa.reserve import gqa_reserve_applies
 from kvpilot.engine.strategies.linear.apply import apply_linear
 from kvpilot.engine.strategies.mla.apply import apply_mla
 from kvpilot.engine.worker.cuda_graphs import build_decode_graphs
@@ -47,6 +48,7 @@ class ModelRunner:
         their runner with none and follow rank 0's calls (worker/tp_worker.py)."""
         check_model_strategy(config, model_config)  # refused combinations, before any weight loads
         self.config = config
+        checkpoint_kv_heads = model_config.num_key_value_heads  # before GQA merging: the reserve's heads
         self.model_config = model_config = served_model_config(config, model_config)  # GQA conversion
         self.world = tp_world()  # tensor-parallel ranks; 1: every branch below is the single-device path
         self.device = pick_device(config.device)
@@ -100,9 +102,11 @@ class ModelRunner:
         num_blocks = self._size_kv_pool()
         if self.world > 1:  # block ids are shared: every rank holds the smallest rank's count
             num_blocks = all_reduce_min(num_blocks)
+        gqa_reserve = gqa_reserve_applies(config, checkpoint_kv_heads, self.world)  # strategies/gqa/reserve.py
         self.cache: KVCache = allocate_kv_cache(
-            self.kv_layout, self.model, self.rank_kv_config, num_blocks, self.block_size,
-            self.mla.latent_width, self.device, config.fallback_reserve if self.mla.mode == "converted" else 0.0,
+            self.kv_layout, self.model, self.rank_kv_config, num_blocks, self.block_size, self.mla.latent_width,
+            self.device, config.fallback_reserve if self.mla.mode == "converted" or gqa_reserve else 0.0,
+            checkpoint_kv_heads if gqa_reserve else 0,
         )  # fmt: skip
         self.kv_cache = self.cache.kv_cache
         self.num_kv_blocks = self.cache.num_blocks

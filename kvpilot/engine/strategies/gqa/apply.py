@@ -8,21 +8,28 @@ import torch
 
 from kvpilot.engine.config.strategy import gqa_groups
 from kvpilot.engine.strategies.calibration.capture import calibration_tokens
+from kvpilot.engine.strategies.gqa.reserve import gqa_reserve_applies, wrap_for_reserve
 
 
 def apply_gqa(model: torch.nn.Module, config: Any, transform: Any, device: torch.device, world: int = 1
               ) -> list[list[int]] | None:  # fmt: skip
-    """Calibrated grouping (strategies/gqa/calibrate.py) when `conversion_calibration` is set and the load
-    transform merged heads; the per-layer head orders, or None (index grouping, as loaded)."""
+    """After a GQA load: calibrated grouping (calibrate.py) when `conversion_calibration` is set, then the
+    original K/V projections kept for the fallback reserve (reserve.py) when one applies; the per-layer
+    head orders, or None (index grouping, as loaded)."""
     originals = getattr(transform, "originals", None)
     groups = gqa_groups(config)
     if not originals or groups is None:
         return None
-    assert world == 1, "config/strategy.check_tensor_parallel refuses calibrated GQA under TP"
-    from kvpilot.engine.strategies.gqa.calibrate import calibrate_gqa
+    orders = None
+    if config.conversion_calibration is not None:
+        assert world == 1, "config/strategy.check_tensor_parallel refuses calibrated GQA under TP"
+        from kvpilot.engine.strategies.gqa.calibrate import calibrate_gqa
 
-    ids = calibration_tokens(config)
-    assert ids is not None
-    orders = calibrate_gqa(model, originals, groups, ids, device)
-    originals.clear()  # the original projections are not kept beyond calibration
+        ids = calibration_tokens(config)
+        assert ids is not None
+        orders = calibrate_gqa(model, originals, groups, ids, device)
+    heads = next(iter(originals.values())).shape[0] // model.model.layers[0].self_attn.head_dim
+    if gqa_reserve_applies(config, heads, world):
+        wrap_for_reserve(model, originals)
+    originals.clear()  # what the reserve needs is now held by its layers
     return orders

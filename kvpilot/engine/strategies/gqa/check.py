@@ -6,13 +6,15 @@ their bytes, kvpilot/planner/memory.py), on the same input as the served layer (
 up to that layer, whose earlier layers are the served, merged ones). Served side: the layer's
 output over the merged KV heads. So the check measures what merging did to this layer.
 
-No fallback yet: serving a sequence unmerged needs every layer's original K/V projections and a
-reserve of full-head K/V blocks, which this engine does not keep; a failing check is counted under
-`validation.unrecovered_total{gqa}` and logged (the remedy is more kv_head_groups or --disable-gqa).
+Fallback: with `fallback_reserve > 0` every layer keeps its original K/V projections and the pool a
+reserve of full-head K/V blocks (strategies/gqa/reserve.py); a failing sequence is recomputed there,
+unmerged. Without a reserve a failing check is counted under `validation.unrecovered_total{gqa}` and
+logged (the remedy is more kv_head_groups or --disable-gqa).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,9 @@ from safetensors import safe_open
 
 from kvpilot.engine.config.strategy import gqa_groups
 from kvpilot.engine.context import dense_context
+from kvpilot.engine.core.pools import PooledBlockManager
 from kvpilot.engine.core.sequence import Sequence
+from kvpilot.engine.strategies.fallback.reserve import ReserveFallback
 from kvpilot.engine.validation.runner import DenseRecompute
 
 _PROJ = ("k_proj", "v_proj")
@@ -49,13 +53,15 @@ def read_original_kv(model_dir: str | Path, layer: int) -> dict[str, torch.Tenso
     return found
 
 
-class GqaCheck(DenseRecompute):
+class GqaCheck(DenseRecompute, ReserveFallback):
     """The GQA conversion's ApproximationCheck (validation/runner.py), for one validated layer."""
 
     name = "gqa"
 
-    def __init__(self, runner: Any, layer: int) -> None:
-        super().__init__(runner)
+    def __init__(self, runner: Any, layer: int, block_manager: Any, requeue: Callable[[Sequence], None]) -> None:
+        DenseRecompute.__init__(self, runner)
+        ReserveFallback.__init__(self, block_manager, requeue, runner.model_config.max_position_embeddings)
+        self.pooled = isinstance(block_manager, PooledBlockManager)
         self.layer = layer
         original = read_original_kv(runner.config.model, layer)
         attn = runner.model.model.layers[layer].self_attn
@@ -114,19 +120,16 @@ class GqaCheck(DenseRecompute):
         return out[0].transpose(0, 1)
 
     def can_fall_back(self, seq: Sequence) -> bool:
-        return False
-
-    def fall_back(self, seq: Sequence) -> None:  # pragma: no cover - can_fall_back is always False
-        raise RuntimeError("the GQA conversion keeps no unmerged path to fall back to")
+        return self.pooled and ReserveFallback.can_fall_back(self, seq)
 
 
-def gqa_checks(runner: Any, config: Any) -> list[GqaCheck]:
+def gqa_checks(runner: Any, config: Any, block_manager: Any, requeue: Callable[[Sequence], None]) -> list[GqaCheck]:
     """The GQA check when the runner serves a checkpoint with merged KV heads, else none."""
     if gqa_groups(config) is None or runner.model_config.family not in ("llama", "mistral", "qwen2"):
         return []
     if getattr(runner, "world", 1) > 1:  # tensor parallel: each rank holds a slice of the heads
         return []
     layers = len(runner.model.model.layers)
-    check = GqaCheck(runner, config.validation_layer % layers)
+    check = GqaCheck(runner, config.validation_layer % layers, block_manager, requeue)
     merged = runner.model.model.layers[check.layer].self_attn.num_kv_heads
     return [check] if check.num_kv_heads != merged else []  # kv_head_groups = the checkpoint's: nothing merged

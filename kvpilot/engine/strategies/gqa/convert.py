@@ -61,8 +61,10 @@ def gqa_transform(
     if groups is None:
         return None
     head_dim = served.head_dim
-    originals: dict[str, torch.Tensor] = {}  # kept for calibrated grouping (strategies/gqa/calibrate.py)
-    keep = config.conversion_calibration is not None
+    # kept for calibrated grouping (calibrate.py) and the unmerged fallback path (reserve.py); apply.py drops
+    # what it does not keep
+    originals: dict[str, torch.Tensor] = {}
+    keep = config.conversion_calibration is not None or config.fallback_reserve > 0
 
     def pool(name: str, tensor: torch.Tensor) -> torch.Tensor:
         if not _KV_KEY.search(name):

@@ -50,8 +50,8 @@ def kv_feed(runner: Any, block_manager: Any, running: int) -> KVFeed:
         )
     name = dtype_name(layout.dtype)
     per_block = runner.bytes_per_block
-    if isinstance(block_manager, PooledBlockManager):  # a fallback reserve: K/V blocks beside latent ones (MLA)
-        exact = layout.bytes16(mc, bs) if runner.mla.mode == "converted" else per_block
+    if isinstance(block_manager, PooledBlockManager):  # a fallback reserve: unconverted K/V blocks (MLA, GQA)
+        exact = runner.cache.exact_block_bytes or per_block  # a conversion's K/V reserve, or the same blocks
         sizes = {POOL16: exact, POOL8: per_block}
         pools = block_manager.pools
         return KVFeed(

@@ -18,8 +18,8 @@ from torch import nn
 from kvpilot.engine.context import get_context
 from kvpilot.engine.layers.latent_attention import LatentAttention
 from kvpilot.engine.models.llama import LlamaAttention
+from kvpilot.engine.strategies.fallback.split import attend_with_reserve
 from kvpilot.engine.strategies.mla.decode import DecodePlanner, converted_mla_decode
-from kvpilot.engine.strategies.mla.reserve import attend_with_reserve
 from kvpilot.engine.strategies.mla.svd import MlaConversion, factorize_kv
 
 
@@ -41,7 +41,7 @@ class ConvertedMlaAttention(nn.Module):
         self.attn = LatentAttention(self.num_heads, conv.rank, src.attn.scale)
         self.conversion = conv
         # The original projections stay for runtime validation's exact side (strategies/mla/check.py) and the
-        # fallback reserve (strategies/mla/reserve.py), where a failing sequence is served unconverted. They
+        # fallback reserve (strategies/fallback/split.py), where a failing sequence is served unconverted. They
         # cost weights, not KV memory.
         self.k_proj, self.v_proj = src.k_proj, src.v_proj
         self.force_exact = False
@@ -58,7 +58,9 @@ class ConvertedMlaAttention(nn.Module):
         if self.force_exact:  # dense recompute with the checkpoint's own K/V (validation)
             o = self.attn(q, x, positions, self._expand_exact)
         elif getattr(self.attn, "first_latent", 0) and not get_context().dense:  # a fallback reserve beside
-            o = attend_with_reserve(q, x, positions, self.attn, self._expand_exact, self._latent)
+            o = attend_with_reserve(
+                q, x, positions, self.attn, self._expand_exact, self._latent, self.attn.kv_cache.shape[1]
+            )
         else:
             o = self._latent(q, x, positions)
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))

@@ -2,7 +2,7 @@
 
 Exact side: the model run densely with every converted layer using the checkpoint's own K/V
 projections (kept beside the factorisation). Fallback: the fallback reserve holds K/V blocks of the
-unconverted layers (strategies/mla/reserve.py); a failing sequence is flagged `exact_path`, its
+unconverted layers (strategies/fallback/split.py); a failing sequence is flagged `exact_path`, its
 latent blocks are freed, and it is recomputed there with the original attention
 (strategies/fallback). Without a reserve (`fallback_reserve=0`) the check counts and warns only.
 """

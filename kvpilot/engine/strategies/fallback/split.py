@@ -1,12 +1,14 @@
-"""The MLA conversion beside its fallback reserve: latent blocks for most sequences, K/V for the rest.
+"""A converted layer beside its fallback reserve: converted blocks for most sequences, unconverted K/V for the rest.
 
-With `fallback_reserve > 0` the pool holds two kinds of blocks in one block-id space: K/V blocks of
-the unconverted layer (ids [0, first_latent): the reserve, `reserve_k` / `reserve_v` on the
-LatentAttention) and latent rows (ids from first_latent, rebased to 0 in `kv_cache`). A step's
-tokens are split by pool (kv_quant/layer.split_by_pool, computed once per step): reserve tokens
-project K/V with the checkpoint's own k_proj / v_proj (the unconverted layer) and attend over paged
-K/V; latent tokens run the conversion as before. Runtime validation moves a failing sequence to
-the reserve (strategies/mla/check.py), so from there it is served by the original attention.
+Used by the MLA conversion (strategies/mla/attention.py) and the GQA conversion
+(strategies/gqa/reserve.py). With `fallback_reserve > 0` the pool holds two kinds of blocks in one
+block-id space: K/V blocks of the unconverted layer (ids [0, first_latent): the reserve,
+`reserve_k` / `reserve_v` on the layer's attention module) and converted blocks (an MLA latent row,
+merged GQA heads; ids from first_latent, rebased to 0 in the layer's own cache). A step's tokens are
+split by pool (kv_quant/layer.split_by_pool, computed once per step): reserve tokens project K/V
+with the checkpoint's own k_proj / v_proj and attend over paged K/V; the others run the conversion
+as before. Runtime validation moves a failing sequence to the reserve, so from there it is served
+by the original attention.
 """
 
 from __future__ import annotations
@@ -37,10 +39,13 @@ def attend_with_reserve(
     attn: torch.nn.Module,
     exact_kv: ExactKV,
     latent_part: LatentPart,
+    block_size: int,
 ) -> torch.Tensor:
-    """q [T, H, D] (after RoPE), hidden x [T, hidden] -> [T, H, D]; reserve tokens exact, the rest latent."""
+    """q [T, H, D] (after RoPE), hidden x [T, hidden] -> [T, H, D]; reserve tokens exact, the rest through
+    `latent_part` (the conversion's own path: an MLA latent, merged GQA heads) under a context of their own.
+    `attn` holds `reserve_k` / `reserve_v` (the unconverted layer's paged K/V), `first_latent` and `scale`."""
     ctx = get_context()
-    split = step_split(ctx, q.shape[0], attn.first_latent, attn.kv_cache.shape[1])
+    split = step_split(ctx, q.shape[0], attn.first_latent, block_size)
     slots16 = split.slots16
     if slots16 is not None:
         rows = torch.nonzero(slots16 >= 0).flatten()
