@@ -77,6 +77,10 @@ def test_completions_guided_fields_and_structured_outputs(server: ServerProcess)
     texts, reasons = streamed_text(server, "/v1/completions", {**base, "guided_choice": choices, "stop": ["zz"]})
     assert all(t in choices for t in texts.values()) and len(texts) == 4, texts
     assert set(reasons.values()) == {"stop"}
+    # a stop string inside the constrained text ends it there (as vLLM), streamed and not
+    cut = {**base, "guided_choice": ["abcdef"], "stop": ["cd"], "n": 2}
+    assert [c["text"] for c in post(server, "/v1/completions", cut).json()["choices"]] == ["ab", "ab"]
+    assert streamed_text(server, "/v1/completions", cut) == ({0: "ab", 1: "ab"}, {0: "stop", 1: "stop"})
 
 
 @pytest.mark.parametrize(
