@@ -50,7 +50,7 @@ class StructuredOutput:
         import xgrammar as xgr
 
         compiled = self.compiler.compile(spec)
-        matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=list(self.stop_token_ids))
+        matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=list(self.stop_token_ids) or None)  # None: xgrammar detects
         self._live[request_id] = _Tracked(matcher, json=spec.kind.startswith("json"))
 
     def release(self, request_id: str) -> None:
