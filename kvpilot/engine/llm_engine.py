@@ -161,8 +161,6 @@ class LLMEngine:
             if not self.scheduler.running:
                 stats.kv_time.idle(time.monotonic())
             return outputs
-        block_size = self.block_manager.block_size
-        stats.kv_time.busy(time.monotonic(), lambda: kv_occupancy(self.scheduler.running, block_size))
         self.checks.before_run(scheduled)
         try:
             sampled = self.runner.run(scheduled)
@@ -190,7 +188,12 @@ class LLMEngine:
             if finished:
                 self._forget(seq)
         self.checks.after_step(scheduled)
-        if not self.scheduler.running:
+        # KV occupancy after the step holds until the next one: measured here, a new sequence's
+        # blocks count once its prompt is computed (before, they were allocated but empty).
+        if self.scheduler.running:
+            block_size = self.block_manager.block_size
+            stats.kv_time.busy(time.monotonic(), lambda: kv_occupancy(self.scheduler.running, block_size))
+        else:
             stats.kv_time.idle(time.monotonic())
         return outputs
 

@@ -34,9 +34,9 @@ class KvOccupancyIntegral:
         self._since = max(now, self._since)
 
     def busy(self, now: float, measure: Callable[[], tuple[int, int]]) -> None:
-        """A step is about to run: count the time so far, then hold `measure()` (live, allocated)
-        if the last sample is older than the interval or the engine held nothing (a request's first
-        step is always measured)."""
+        """A step ended with sequences still running: count the time so far, then hold `measure()`
+        (live, allocated) if the last sample is older than the interval or the engine held nothing
+        (a request's first step is always measured)."""
         self._advance(now)
         if self._allocated == 0 or now - self._measured_at >= self.interval_s:
             self._live, self._allocated = measure()
