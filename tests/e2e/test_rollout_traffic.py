@@ -130,6 +130,11 @@ def send(url: str, requests: int, rate_per_s: float, pin: str | None = None) -> 
     return asyncio.run(gen.run(requests=requests))
 
 
+def between(url: str) -> LoadGenerator:
+    """Light load while a step waits for its analysis: a re-analysis after a noisy verdict has data too."""
+    return LoadGenerator(url, rate_per_s=4, max_tokens=4, stream_share=0.25, max_in_flight=8)
+
+
 def probe_set(ns: str, stable_url: str) -> dict[str, Any]:
     """Prompts with the stable engine's own greedy continuations as references (what it is sure of)."""
     lines = []
@@ -191,9 +196,10 @@ def test_a_each_step_serves_its_weight_and_pins_reach_the_canary(service: Servic
         "strategy": {"kvCacheDtype": "int8"}, "steps": STEPS, "interval": "30s", "gateway": {"name": "gw"},
         "analysis": {"minRequests": 5, "failureLimit": 2, **LATENCY}}})
     for weight in STEPS[:-1]:
-        service.wait_canary(lambda c, w=weight: c.get("specHash") != before_hash and c.get("weight") == w
-                            and c.get("phase") == "Progressing", f"step at {weight}%", 240)
-        wait(lambda: route_applied(api, ns), f"the gateway applied the route at {weight}%", 30)
+        with between(url).background():  # traffic for the analysis windows; stopped (and drained) before measuring
+            service.wait_canary(lambda c, w=weight: c.get("specHash") != before_hash and c.get("weight") == w
+                                and c.get("phase") == "Progressing", f"step at {weight}%", 240)
+            wait(lambda: route_applied(api, ns), f"the gateway applied the route at {weight}%", 30)
         generation = route(api, ns)["metadata"]["generation"]
         before = served_by_track(api, ns)
         outcomes = send(url, N, rate_per_s=40)
@@ -210,7 +216,8 @@ def test_a_each_step_serves_its_weight_and_pins_reach_the_canary(service: Servic
         print(f"step {weight}%: the canary's engine served {canary:.0f} of {N} (expected {N * p:.0f} +- {tolerance:.0f})")
         assert abs(canary - N * p) <= tolerance, f"step {weight}%: canary served {canary} of {N} (+-{tolerance:.0f})"
         assert {o.strategy for o in pinned} == {canary_pin(api, ns)}
-    done = service.wait_canary(lambda c: c.get("phase") in DONE, "the end of the rollout", 240)
+    with between(url).background():
+        done = service.wait_canary(lambda c: c.get("phase") in DONE, "the end of the rollout", 240)
     assert done["phase"] == "Promoted", _brief(done)
 
 
