@@ -102,8 +102,10 @@ def test_four_ranks_copy_kv_heads_match_hf_and_the_planner(checkpoint) -> None:
          "validate_every": 1, "validation_sample_rate": 1.0},
         # GQA conversion to one KV head (copied to both ranks) with an fp8 cache
         {"attention": "gqa", "kv_head_groups": 1, "kv_cache_dtype": "fp8"},
+        # 16-bit and int8 pools, new sequences switching to int8 from 2 running
+        {"kv_cache_dtype": "auto", "kv_quant_auto_threshold": 2},
     ],
-    ids=["int8-eviction-validation", "gqa1-fp8"],
+    ids=["int8-eviction-validation", "gqa1-fp8", "auto-switch"],
 )  # fmt: skip
 def test_strategies_under_two_ranks_match_one_rank(checkpoint, strategy: dict) -> None:
     path, _ = checkpoint
@@ -115,6 +117,8 @@ def test_strategies_under_two_ranks_match_one_rank(checkpoint, strategy: dict) -
         got_scores = llm.engine.score(PROMPTS[3], PROMPTS[2])
         assert max(abs(a - b) for a, b in zip(got_scores, want_scores, strict=True)) < 1e-3
         stats = llm.engine.stats()
+        if "kv_quant_auto_threshold" in strategy:  # new sequences did switch to the int8 pool
+            assert llm.engine.block_manager.switches_total > 0
         if "validate_every" in strategy:
             assert stats["validation"]["checks_total"] > 0 and stats["validation"]["last_cosine"] > 0.92
             assert stats["validation"]["checks_total"] == one.engine.stats()["validation"]["checks_total"]
