@@ -149,7 +149,7 @@ def _shard(fp: KVFootprint, model: ModelShape, strategy: KVStrategy, gpus: int) 
             raise PlannerError(
                 f"{gpus} GPUs (tensor parallel) must divide num_attention_heads={model.num_attention_heads}, and "
                 f"they and the {heads} KV heads must divide one another (KV heads are split over GPUs, or copied "
-                "when fewer); choose another resources.gpus"
+                "when fewer); choose another GPU count (resources.gpus, kvpilot plan --gpus)"
             )
         copies_num, copies_den = gpus * -(-heads // gpus), heads  # fewer heads than GPUs: one copy per GPU
     return KVFootprint(
