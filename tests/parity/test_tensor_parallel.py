@@ -45,6 +45,10 @@ def build(out_dir: Path, name: str) -> Path:
 checkpoint = hf_reference_fixture(build, PROMPTS, MAX_NEW)
 
 
+def tp_ranks() -> list:
+    return [p for p in multiprocessing.active_children() if p.name.startswith("kvpilot-tp-rank")]
+
+
 @contextlib.contextmanager
 def engine(path: str, **kw) -> Iterator[LLM]:
     llm = LLM(path, show_progress=False, **kw)
@@ -52,7 +56,7 @@ def engine(path: str, **kw) -> Iterator[LLM]:
         yield llm
     finally:
         llm.engine.shutdown()
-    assert not [p for p in multiprocessing.active_children() if p.name.startswith("kvpilot-tp-rank")]
+    assert not tp_ranks()
 
 
 @pytest.mark.parametrize(
@@ -132,7 +136,7 @@ def test_refused_before_any_rank_starts(tmp_path: Path) -> None:
         ValueError, match=r"tensor_parallel_size=3 must divide num_attention_heads=4.*\[1, 2, 4\]"
     ):
         LLM(str(path), tensor_parallel_size=3)
-    assert not multiprocessing.active_children()
+    assert not tp_ranks()
 
 
 @pytest.mark.parametrize("checkpoint", ["llama-kv1"], indirect=True)
@@ -184,4 +188,4 @@ def test_rank_zero_failing_to_start_leaves_no_rank_behind(checkpoint, monkeypatc
     monkeypatch.setattr(ModelRunner, "_size_kv_pool", fail)
     with pytest.raises(RuntimeError, match="no memory for the KV pool"):
         LLM(checkpoint[0], show_progress=False, tensor_parallel_size=2)
-    assert not [p for p in multiprocessing.active_children() if p.name.startswith("kvpilot-tp-rank")]
+    assert not tp_ranks()
