@@ -49,6 +49,8 @@ class TensorParallelLaunch:
                 )
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         threads = max(1, torch.get_num_threads() // world)
+        if backend == "gloo":  # CPU ranks share the cores: each gets its share, rank 0 too
+            torch.set_num_threads(threads)
         ctx = mp.get_context("spawn")
         self.procs = [
             ctx.Process(
