@@ -96,6 +96,24 @@ def test_calibrated_mla_conversion_serves_and_reports_it(twin_heads, calibration
     path = twin_heads
     with caplog.at_level("WARNING", logger="kvpilot.engine.mla"):
         eng = make_engine(path, device="cpu", attention="mla", latent_rank=64, conversion_calibration=calibration)
-    assert "activation-aware on 512 calibration tokens" in caplog.text
+    assert "activation-aware on " in caplog.text and " calibration tokens" in caplog.text
     native = engine_greedy(make_engine(path, device="cpu"), [[5, 9, 200, 31, 7] * 4], 8)[0]
     assert engine_greedy(eng, [[5, 9, 200, 31, 7] * 4], 8)[0] == native  # full rank: exact, calibrated or not
+
+
+def test_weighted_merges_reduce_to_the_mean_and_follow_their_weights():
+    from kvpilot.engine.strategies.gqa.calibrate import merge_keys, merge_values
+    from kvpilot.engine.strategies.gqa.convert import mean_pool_heads
+
+    gen = torch.Generator().manual_seed(1)
+    heads, d, hidden = 4, 8, 16
+    w = torch.randn(heads * d, hidden, generator=gen)
+    mean = mean_pool_heads(w, heads, 2)
+    assert torch.allclose(merge_keys(w, torch.ones(heads, d), 2).float(), mean, atol=1e-6)
+    same = torch.eye(d).expand(heads, d, d)
+    assert torch.allclose(merge_values(w, same, 2).float(), mean, atol=1e-5)
+    # all of a dim's query energy on head 1: the merged key takes head 1's row for that dim
+    weights = torch.ones(heads, d)
+    weights[0, 3], weights[1, 3] = 1e-9, 1.0
+    merged = merge_keys(w, weights, 2).float()
+    assert torch.allclose(merged[3], w[d + 3], atol=1e-5)

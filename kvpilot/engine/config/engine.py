@@ -68,7 +68,7 @@ class EngineConfig:
         None, "gqa / mla: a text file whose first tokens calibrate the conversion (heads merged by key "
         "similarity, activation-aware factorisation); unset: weights only (heads by index, plain SVD)",
     )  # fmt: skip
-    calibration_tokens: int = knob(512, "gqa / mla: calibration tokens read from conversion_calibration")
+    calibration_tokens: int = knob(2048, "gqa / mla: calibration tokens read from conversion_calibration")
     linear_window: int = knob(64, "linear: most recent tokens attended exactly")
     linear_features: int | None = knob(None, "linear: random features per KV head (head_dim)")
     linear_seed: int = 0  # seeds the feature draw (part of the converted model)

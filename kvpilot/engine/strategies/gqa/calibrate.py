@@ -5,8 +5,10 @@ are closest on the calibration tokens are merged instead: the cost of merging a 
 is sum_{h in G} ||K_h - mean_G K||^2 = (1/2m) sum_{i,j in G} ||K_i - K_j||^2 (the same for V), so a
 greedy grouping of nearest heads refined by pairwise swaps minimises it. The chosen grouping is
 applied by permuting the layer's heads (query blocks, o_proj columns, K/V heads: an exact
-relabelling) so that each group's heads are consecutive, then mean-pooling as before. Layers are
-calibrated in order, each on the inputs its already-converted predecessors produce.
+relabelling) so that each group's heads are consecutive, then merged with weights from the same
+tokens (merge_keys: by the queries' energy per key dim; merge_values: through o_proj), the grouping
+cost measured with those weights too. Layers are calibrated in order, each on the inputs its
+already-converted predecessors produce.
 """
 
 from __future__ import annotations
@@ -22,16 +24,28 @@ from kvpilot.engine.strategies.gqa.convert import mean_pool_heads
 log = logging.getLogger("kvpilot.engine.gqa")
 
 
-def head_distances(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def head_distances(k: torch.Tensor, v: torch.Tensor, key_weights: torch.Tensor | None = None,
+                   value_grams: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """k, v [T, H, D] -> [H, H]: mean squared distance between heads' keys plus that of their values,
-    each relative to its mean squared norm (so K and V weigh alike)."""
-
-    def part(x: torch.Tensor) -> torch.Tensor:
-        x = x.double().transpose(0, 1).reshape(x.shape[1], -1)  # [H, T*D]
-        d = torch.cdist(x, x).pow(2) / x.shape[1]
-        return d / x.pow(2).mean().clamp_min(1e-30)
-
-    return part(k) + part(v)
+    each relative to its mean squared norm (so K and V weigh alike). With `key_weights` [H, D] and
+    `value_grams` [H, D, D] (query_weights, output_grams) the distances are measured as the merge
+    weighs them: key dims by the queries' energy, values through o_proj (each pair's mean weight)."""
+    kd, vd = k.double(), v.double()
+    heads, d = k.shape[1], k.shape[2]
+    wk = torch.ones(heads, d, dtype=torch.float64) if key_weights is None else key_weights.double().cpu()
+    g = torch.eye(d, dtype=torch.float64).expand(heads, d, d) if value_grams is None else value_grams.double().cpu()
+    kd, vd = kd.cpu(), vd.cpu()
+    dist_k = torch.zeros(heads, heads, dtype=torch.float64)
+    dist_v = torch.zeros(heads, heads, dtype=torch.float64)
+    for i in range(heads):
+        for j in range(i + 1, heads):
+            diff_k = kd[:, i] - kd[:, j]
+            dist_k[i, j] = dist_k[j, i] = (diff_k.pow(2) * (wk[i] + wk[j]) / 2).sum(-1).mean()
+            diff_v = vd[:, i] - vd[:, j]
+            dist_v[i, j] = dist_v[j, i] = torch.einsum("td,de,te->t", diff_v, (g[i] + g[j]) / 2, diff_v).mean()
+    scale_k = (kd.pow(2) * wk[None]).sum(-1).mean().clamp_min(1e-30)
+    scale_v = torch.einsum("thd,hde,the->th", vd, g, vd).mean().clamp_min(1e-30)
+    return dist_k / scale_k + dist_v / scale_v
 
 
 def group_cost(dist: torch.Tensor, group: list[int]) -> float:
@@ -71,10 +85,53 @@ def _rows(order: list[int], width: int) -> torch.Tensor:
     return torch.cat([torch.arange(h * width, (h + 1) * width) for h in order])
 
 
+def query_weights(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """q [T, Hq, D] (pre-RoPE) -> [Hkv, D]: how much each key dim of each KV head counts in q.k, the mean
+    squared query over its query heads, averaged over each RoPE pair (i, i + D/2): RoPE rotates each
+    pair by a position-dependent angle, and a weight that survives every angle is the same on both."""
+    t, heads, d = q.shape
+    w = q.double().pow(2).view(t, kv_heads, heads // kv_heads, d).mean(dim=(0, 2))
+    half = d // 2
+    pair = (w[:, :half] + w[:, half:]) / 2
+    return torch.cat([pair, pair], dim=1)
+
+
+def output_grams(o_weight: torch.Tensor, kv_heads: int, head_dim: int) -> torch.Tensor:
+    """o_proj weight [hidden, Hq*D] -> [Hkv, D, D]: sum over a KV head's query heads of O_j^T O_j, how
+    an error in that head's values reaches the layer's output."""
+    hidden = o_weight.shape[0]
+    blocks = o_weight.double().view(hidden, kv_heads, -1, head_dim)  # [hidden, Hkv, s, D]
+    return torch.einsum("nhsd,nhse->hde", blocks, blocks)
+
+
+def merge_keys(source: torch.Tensor, weights: torch.Tensor, groups: int) -> torch.Tensor:
+    """K weight [H*D, ...] (heads in group order) -> [groups*D, ...]: per dim, the mean of the group's
+    heads weighted by `weights` [H, D] (the queries' energy): the merged key that keeps q.k closest."""
+    heads, d = weights.shape
+    rows = source.double().reshape(groups, heads // groups, d, -1)
+    w = weights.double().reshape(groups, heads // groups, d, 1).clamp_min(1e-12)
+    return ((rows * w).sum(1) / w.sum(1)).reshape(groups * d, *source.shape[1:])
+
+
+def merge_values(source: torch.Tensor, grams: torch.Tensor, groups: int, damping: float = 1e-6) -> torch.Tensor:
+    """V weight [H*D, ...] (heads in group order) -> [groups*D, ...]: per group, (sum G_h)^-1 sum G_h V_h,
+    the merged value whose error through o_proj is least (`output_grams`)."""
+    heads, d, _ = grams.shape
+    rows = source.double().reshape(groups, heads // groups, d, -1)
+    g = grams.double().reshape(groups, heads // groups, d, d)
+    total = g.sum(1)
+    total = total + damping * total.diagonal(dim1=1, dim2=2).mean(-1)[:, None, None] * torch.eye(d, dtype=total.dtype)
+    merged = torch.linalg.solve(total, torch.einsum("ghde,ghen->gdn", g, rows))
+    return merged.reshape(groups * d, *source.shape[1:])
+
+
 @torch.no_grad()
-def regroup_layer(attn: torch.nn.Module, original: dict[str, torch.Tensor], order: list[int], groups: int) -> None:
+def regroup_layer(attn: torch.nn.Module, original: dict[str, torch.Tensor], order: list[int], groups: int,
+                  key_weights: torch.Tensor | None = None, value_grams: torch.Tensor | None = None) -> None:  # fmt: skip
     """Permute one converted layer's heads to `order` (original KV head indices) and re-merge its K/V
-    from the original projections: consecutive runs of the new order become the groups."""
+    from the original projections: consecutive runs of the new order become the groups. With
+    `key_weights` [H, D] / `value_grams` [H, D, D] (original head order) the merge is weighted by what
+    the queries and o_proj make of each head (merge_keys, merge_values); else it is the plain mean."""
     d = attn.head_dim
     kv_heads = len(order)
     per_kv = attn.num_heads // kv_heads  # query heads per original KV head
@@ -90,7 +147,13 @@ def regroup_layer(attn: torch.nn.Module, original: dict[str, torch.Tensor], orde
             source = original.get(f"{proj}.{kind}")
             if source is None:
                 continue
-            merged = mean_pool_heads(source[kv_rows].float(), kv_heads, groups)
+            rows = source[kv_rows].float()
+            if proj == "k_proj" and key_weights is not None:
+                merged = merge_keys(rows, key_weights[order], groups)
+            elif proj == "v_proj" and value_grams is not None:
+                merged = merge_values(rows, value_grams[order], groups)
+            else:
+                merged = mean_pool_heads(rows, kv_heads, groups)
             getattr(module, kind).copy_(merged.to(getattr(module, kind)))
     attn.kv_head_order = list(order)  # the GQA runtime check reorders the original K/V the same way
 
@@ -111,16 +174,22 @@ def calibrate_gqa(model: torch.nn.Module, originals: dict[str, torch.Tensor], gr
         v = torch.nn.functional.linear(x, original["v_proj.weight"].float(), _bias(original, "v_proj"))
         heads = k.shape[1] // d
         k, v = k.view(-1, heads, d), v.view(-1, heads, d)
-        dist = head_distances(k, v)
+        q = torch.nn.functional.linear(x, attn.q_proj.weight.float(), _bias_of(attn.q_proj)).view(k.shape[0], -1, d)
+        key_weights, grams = query_weights(q, heads), output_grams(attn.o_proj.weight.float(), heads, d)
+        dist = head_distances(k, v, key_weights, grams)
         order = group_heads(dist, groups)
         size = heads // groups
         by_index = sum(group_cost(dist, list(range(g * size, (g + 1) * size))) for g in range(groups))
         chosen = sum(group_cost(dist, order[g * size : (g + 1) * size]) for g in range(groups))
         log.info("gqa layer %d: merge cost %.4f by similarity vs %.4f by index (groups %s)", index, chosen, by_index,
                  [order[g * size : (g + 1) * size] for g in range(groups)])  # fmt: skip
-        regroup_layer(attn, original, order, groups)
+        regroup_layer(attn, original, order, groups, key_weights, grams)
         orders.append(order)
     return orders
+
+
+def _bias_of(linear: torch.nn.Module) -> torch.Tensor | None:
+    return None if linear.bias is None else linear.bias.float()
 
 
 def _bias(original: dict[str, torch.Tensor], proj: str) -> torch.Tensor | None:
