@@ -65,7 +65,7 @@ def offline_result(engine: Any, requests: list[BenchRequest], run: dict, model: 
         "requests": len(requests),
         "input_tokens": input_tokens,
         "output_tokens": run["output_tokens"],
-        "total_s": round(run["seconds"], 3),
+        "total_s": round(run["seconds"], 6),  # a tiny run lasts milliseconds: 3 digits would skew rates
         "output_tok_s": round(run["output_tokens"] / run["seconds"], 1),
         "tensor_parallel_size": config.tensor_parallel_size,  # throughput per GPU: output_tok_s / this
         "output_tok_s_per_rank": round(run["output_tokens"] / run["seconds"] / config.tensor_parallel_size, 1),
