@@ -113,9 +113,13 @@ class ResultLog:
                     return
                 await self._changed.wait()
         finally:
-            self.readers -= 1
-            if self.readers == 0 and not self.done and self._task is not None:
-                self._task.cancel()
+            self._release()
+
+    def _release(self) -> None:
+        """One reader gone; the last one leaving an unfinished generation cancels it."""
+        self.readers -= 1
+        if self.readers == 0 and not self.done and self._task is not None:
+            self._task.cancel()
 
     async def read_text(self) -> AsyncIterator[str]:
         """As `read`, for a streamed log (its events are SSE strings): the events already there are
@@ -133,9 +137,7 @@ class ResultLog:
                     return
                 await self._changed.wait()
         finally:
-            self.readers -= 1
-            if self.readers == 0 and not self.done and self._task is not None:
-                self._task.cancel()
+            self._release()
 
 
 def event_bytes(event: Any) -> int:
