@@ -20,6 +20,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from kvpilot.figures import figure
 from kvpilot.operator import constants as c
 from kvpilot.operator.options import ANNOTATION_ABORT, ANNOTATION_PROMOTE, ANNOTATION_ROLLBACK
 from kvpilot.operator.rollout import phases
@@ -59,8 +60,8 @@ def analyses_table(analyses: Sequence[Mapping[str, Any]]) -> Table:
         for check in a.get("checks") or ():
             ok = check.get("ok")
             mark, style = ("ok", "green") if ok else (("FAIL", "red") if ok is False else ("n/a", "yellow"))
-            checks.append(f"{check.get('name')}: {_fmt(check.get('canary'))} / {_fmt(check.get('stable'))}, "
-                          f"limit {_fmt(check.get('threshold'))} ", None)
+            checks.append(f"{check.get('name')}: {figure(check.get('canary'))} / {figure(check.get('stable'))}, "
+                          f"limit {figure(check.get('threshold'))} ", None)
             checks.append(mark, style)
             checks.append("\n")
         verdict = str(a.get("verdict", "?"))
@@ -118,14 +119,6 @@ def render(obj: Mapping[str, Any], lineage: Mapping[str, Any] | None) -> Group:
         parts.append(analyses_table(canary["analyses"]))
     parts.append(lineage_table(lineage))
     return Group(*parts)
-
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
 
 
 def patch_for(command: str, obj: Mapping[str, Any], clear: bool = False) -> dict[str, Any]:

@@ -11,15 +11,9 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from kvpilot.figures import figure
+
 VERDICT_STYLE = {"pass": "bold green", "fail": "bold red", "inconclusive": "yellow"}
-
-
-def _figure(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
 
 
 def verdict_line(analysis: Mapping[str, Any]) -> Text:
@@ -29,8 +23,8 @@ def verdict_line(analysis: Mapping[str, Any]) -> Text:
     text.append(f"  {analysis.get('reason', '')}  ")
     for c in analysis.get("checks") or []:
         mark = {True: "ok", False: "BREACH", None: "n/a"}[c.get("ok")]
-        text.append(f"{c['name']} {_figure(c.get('canary'))} vs {_figure(c.get('stable'))} "
-                    f"(limit {_figure(c.get('threshold'))}) {mark}; ",
+        text.append(f"{c['name']} {figure(c.get('canary'))} vs {figure(c.get('stable'))} "
+                    f"(limit {figure(c.get('threshold'))}) {mark}; ",
                     style="red" if c.get("ok") is False else "")
     return text
 
