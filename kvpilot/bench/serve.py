@@ -2,7 +2,8 @@
 
 Each request streams (`stream: true`, usage in the last chunk where the server gives it) with
 `ignore_eos` so it generates exactly `max_tokens`. Per request: TTFT (send -> first token chunk),
-ITL (gaps between token chunks), TPOT ((latency - TTFT) / (output tokens - 1)) and latency; per
+ITL (gaps between token chunks; a chunk carries every token the server made since the
+last one the client read, so a loaded client sees fewer, larger chunks), TPOT ((latency - TTFT) / (output tokens - 1)) and latency; per
 rate: their percentiles and request / output-token throughput, as `vllm bench serve` reports.
 """
 
@@ -27,6 +28,7 @@ class RequestResult:
     latency: float = 0.0
     itl: list[float] = field(default_factory=list)
     output_tokens: int = 0
+    chunks: int = 0  # token-bearing stream chunks; the server merges deltas a slow reader has not taken yet
     error: str | None = None
 
     @property
@@ -69,6 +71,7 @@ async def send(client: Any, url: str, model: str, req: BenchRequest, headers: di
         return result
     result.latency = time.perf_counter() - start
     result.output_tokens = result.output_tokens or chunks
+    result.chunks = chunks
     if chunks == 0:
         result.error = "no token chunk in the stream"
     return result
@@ -125,6 +128,7 @@ def rate_summary(rate: float, results: list[RequestResult], duration: float) -> 
         "ttft_ms": ms([r.ttft for r in ok]),
         "tpot_ms": ms([r.tpot for r in ok if r.tpot is not None]),
         "itl_ms": ms([gap for r in ok for gap in r.itl]),
+        "stream_chunks": sum(r.chunks for r in ok),  # ITL has stream_chunks - completed gaps (NaN when 0)
         "latency_ms": ms([r.latency for r in ok]),
     }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -42,7 +43,11 @@ def test_bench_serve_measures_every_request(server: ServerProcess, capsys) -> No
         assert rate["completed"] == 5 and rate["failed"] == 0
         assert 5 * 3 <= rate["output_tok_s"] * rate["duration_s"] <= 5 * 8 + 0.5
         assert 0 < rate["ttft_ms"]["p50"] <= rate["latency_ms"]["p50"]
-        assert rate["tpot_ms"]["p95"] > 0 and rate["itl_ms"]["p50"] > 0
+        assert rate["tpot_ms"]["p95"] > 0
+        # the server merges deltas a busy client has not read yet, so a loaded machine may see one chunk each
+        assert rate["completed"] <= rate["stream_chunks"] <= round(rate["output_tok_s"] * rate["duration_s"])
+        gaps = rate["stream_chunks"] - rate["completed"]
+        assert (rate["itl_ms"]["p50"] > 0) if gaps else math.isnan(rate["itl_ms"]["p50"])
     assert record["slo_rate"] in (None, 50.0)
 
 
