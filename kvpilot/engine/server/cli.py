@@ -190,8 +190,12 @@ class _Server:
             def capture_signals(self) -> Iterator[None]:
                 yield
 
+        # http/ws pinned: uvicorn's "auto" picks httptools and websockets when some other package
+        # (a benchmark client, say) happens to install them, and that would change how malformed,
+        # oversized and slow requests are answered under a server whose limits are tested on h11.
         config = uvicorn.Config(
-            app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=grace, lifespan="on"
+            app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=grace, lifespan="on",
+            http="h11", ws="none",
         )
         return Server(config)
 
