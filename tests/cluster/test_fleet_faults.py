@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.test_operator import Kubectl, OperatorProcess, manifest
 from tests.harness.cluster import k8s_api_client, unique_namespace, wait_for
+from tests.harness.operator import Kubectl, OperatorProcess, manifest
 
 pytestmark = pytest.mark.cluster
 

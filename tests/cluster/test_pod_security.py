@@ -18,32 +18,17 @@ import pytest
 from kvpilot.operator.builders import build_deployment
 from kvpilot.operator.preflight import preflight
 from kvpilot.operator.spec import ServiceSpec
-from tests.cluster.test_operator import Kubectl, OperatorProcess, manifest
-from tests.harness.cluster import k8s_api_client, unique_namespace, wait_for
+from tests.harness.cluster import wait_for
+from tests.harness.operator import manifest, operator_env
 
 pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture(scope="module")
 def env(k8s_cluster, tmp_path_factory):  # type: ignore[no-untyped-def]
-    from kubernetes import client
-
-    kubectl = Kubectl(k8s_cluster.kubeconfig)
-    kubectl.install_crd()
-    api_client = k8s_api_client(k8s_cluster)
-    core = client.CoreV1Api(api_client)
-    namespace = unique_namespace(core, "pss")
-    core.patch_namespace(namespace, {"metadata": {"labels": {
-        "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}})
-    operator = OperatorProcess(k8s_cluster.kubeconfig, namespace, tmp_path_factory.mktemp("operator") / "operator.log")
-    operator.start()
-    try:
-        yield {"kubectl": kubectl, "ns": namespace, "core": core, "apps": client.AppsV1Api(api_client),
-               "operator": operator}
-    finally:
-        operator.stop()
-        print("---- operator log (tail) ----\n" + operator.text()[-3000:])
-        core.delete_namespace(namespace)
+    restricted = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}
+    with operator_env(k8s_cluster, tmp_path_factory, "pss", restricted) as env:
+        yield env
 
 
 def _pod_from_template(body: dict, track: str) -> dict:

@@ -89,9 +89,13 @@ def test_streamed_named_arguments_and_required_array() -> None:
     required = ToolPlan("required", TOOLS)
     text = '[{"name": "lookup", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "a"}}]'
     content, deltas, reason = streamed(required, text)
-    assert content == "" and reason == "tool_calls" and [d["index"] for d in deltas] == [0, 1]
-    cut = '[{"name": "lookup", "argu'  # max_tokens cut the array: returned as content, reason kept
-    assert streamed(required, cut, "length") == (cut, [], "length")
+    assert content == "" and reason == "tool_calls" and [d["index"] for d in deltas if "id" in d] == [0, 1]
+    cut = '[{"name": "lookup", "argu'  # max_tokens cut the array: the call went out, finish "length" (as OpenAI)
+    content, deltas, reason = streamed(required, cut, "length")
+    assert content == "" and reason == "length" and deltas == [{"index": 0, "id": deltas[0]["id"], "type": "function",
+                                                                  "function": {"name": "lookup", "arguments": ""}}]
+    early = '[{"name": "look'  # cut before any name was complete: nothing went out, so it is content
+    assert streamed(required, early, "length") == (early, [], "length")
     llama = ToolPlan("auto", TOOLS, parser="llama3_json")
     assert streamed(llama, '  {"name": "lookup", "parameters": {"id": 4}}')[2] == "tool_calls"
     assert streamed(llama, "plain words") == ("plain words", [], "stop")
@@ -140,3 +144,57 @@ def test_plans_by_tool_choice() -> None:
                               parallel_tool_calls=False), None, TEMPLATE)  # fmt: skip
     assert named is not None and (named.mode, named.named, named.parallel) == ("named", "lookup", False)
     assert tool_plan(request(tools=TOOLS, tool_choice="required"), None, TEMPLATE).mode == "required"  # type: ignore[union-attr]
+
+
+REQUIRED_TEXT = ('[ {"name": "get_weather", "arguments": {"city": "New {York} \\"NY\\"", "days": [1, {"a": "]"}]}},\n'
+                 ' {"arguments" : {}, "name":"lookup"} ,{"name": "lookup", "arguments": {"id": 7} } ]')
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_required_calls_stream_as_generated_in_any_chunking(seed: int) -> None:
+    """Each call opens once its name is complete; its argument pieces add up to exactly the value's
+    JSON text, whatever the chunking; the result parses to what the whole-output parse returns."""
+    import random
+
+    rng = random.Random(seed)
+    stream, deltas, at = ToolPlan("required", TOOLS).streamer(), [], 0
+    while at < len(REQUIRED_TEXT):
+        step = rng.randint(1, 9) if seed else 1
+        for part in stream.feed(REQUIRED_TEXT[at : at + step]):
+            deltas += part["tool_calls"]
+        at += step
+    tail, reason = stream.finish("stop")
+    assert tail == [] and reason == "tool_calls"
+    heads = [d for d in deltas if "id" in d]
+    assert [(d["index"], d["function"]["name"]) for d in heads] == [(0, "get_weather"), (1, "lookup"), (2, "lookup")]
+    assert len({d["id"] for d in heads}) == 3
+    args = ["".join(d["function"]["arguments"] for d in deltas if d["index"] == i) for i in range(3)]
+    assert args[1] == "{}" and args[2] == '{"id": 7}'
+    whole = ToolPlan("required", TOOLS).message(REQUIRED_TEXT, "stop")[1]
+    assert [json.loads(a) for a in args] == [json.loads(c["function"]["arguments"]) for c in whole or []]
+    assert json.loads(args[0]) == {"city": 'New {York} "NY"', "days": [1, {"a": "]"}]}
+
+
+def test_required_call_opens_before_its_arguments_are_complete() -> None:
+    stream = ToolPlan("required", TOOLS).streamer()
+    assert stream.feed('[{"name": "get_wea') == []
+    first = stream.feed('ther", "arguments": {"ci')
+    assert first[0]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"ci'}
+    assert stream.feed('ty": "x"}') == [{"tool_calls": [{"index": 0, "function": {"arguments": 'ty": "x"}'}}]}]
+    assert stream.feed("}]") == []  # the item's and the array's closing brackets are not arguments
+
+
+def test_auto_hermes_sends_each_call_when_its_block_closes() -> None:
+    stream = ToolPlan("auto", TOOLS, parser="hermes").streamer()
+    assert stream.feed("Checking. <tool_call>") == [{"content": "Checking. "}]
+    assert stream.feed('{"name": "lookup", "arguments": {"id": 1}}') == []
+    first = stream.feed("</tool_call>\n<tool_call>")
+    assert [(d["tool_calls"][0]["index"], d["tool_calls"][0]["function"]["name"]) for d in first] == [(0, "lookup")]
+    assert stream.feed('{"name": "nope", "arguments": {}}</tool_call><tool_call>{"name": "get_weather", ') == []
+    tail, reason = stream.finish("length")  # the last block was cut off: not a call, so nothing more
+    assert tail == [] and reason == "length"
+    single = ToolPlan("auto", TOOLS, parser="hermes", parallel=False).streamer()
+    two = '<tool_call>{"name": "lookup", "arguments": {}}</tool_call><tool_call>{"name": "lookup", "arguments": {}}</tool_call>'
+    sent = [d for part in single.feed(two) for d in part.get("tool_calls", [])] + \
+        [d for part in single.finish("stop")[0] for d in part.get("tool_calls", [])]  # fmt: skip
+    assert [d["index"] for d in sent] == [0]

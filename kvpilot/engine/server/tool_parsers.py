@@ -20,6 +20,7 @@ PARSERS = ("hermes", "llama3_json")
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
 _HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+_HERMES_CLOSED = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 @dataclass
@@ -69,6 +70,15 @@ def _parse_hermes(text: str, names: set[str]) -> tuple[str | None, list[ParsedCa
         return text, []
     content = text[:start].strip()
     return content or None, calls
+
+
+def hermes_closed_calls(text: str, names: set[str]) -> list[ParsedCall]:
+    """The valid calls among the hermes blocks already closed by `</tool_call>` (streaming: each goes
+    out when it closes; the final parse adds a last block cut off by the end of the output)."""
+    start = text.find(HERMES_OPEN)
+    if start < 0:
+        return []
+    return [c for c in (_call(m.group(1), names, "arguments") for m in _HERMES_CLOSED.finditer(text, start)) if c]
 
 
 def _parse_llama3(text: str, names: set[str]) -> tuple[str | None, list[ParsedCall]]:

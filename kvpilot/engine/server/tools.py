@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpilot.engine.server.errors import APIError
+from kvpilot.engine.server.tool_call_scanner import CallArrayScanner
 from kvpilot.engine.server.tool_parsers import (
     HERMES_OPEN,
     PYTHON_TAG,
     ParsedCall,
     held_back,
+    hermes_closed_calls,
     new_call_id,
     parse_tool_calls,
 )
@@ -95,7 +97,14 @@ class ToolPlan:
 
 
 class ToolStream:
-    """Turns one choice's streamed text into chat deltas: content, or tool_calls deltas."""
+    """Turns one choice's streamed text into chat deltas: content, or tool_calls deltas.
+
+    A named function's output is its arguments: they stream as generated. `required` output is a
+    JSON array of calls: each call goes out once its name is complete and its arguments stream as
+    they grow (tool_call_scanner.py). `auto` (hermes): content streams until `<tool_call>`, then
+    each call goes out whole when its `</tool_call>` closes it (only a closed block is known to be
+    a valid call); llama3_json: the output is the calls, sent at the end.
+    """
 
     def __init__(self, plan: ToolPlan) -> None:
         self.plan = plan
@@ -104,6 +113,9 @@ class ToolStream:
         self.buffering = plan.mode == "required"
         self.named_id = new_call_id() if plan.mode == "named" else ""
         self.opened = False  # named: the delta with the call's id and name went out
+        self.scanner = CallArrayScanner() if plan.mode == "required" else None
+        self.call_ids: list[str] = []  # required: the ids of the calls opened so far
+        self.calls_sent = 0  # auto (hermes): calls already sent whole
 
     def feed(self, piece: str) -> list[dict[str, Any]]:
         self.text += piece
@@ -118,13 +130,17 @@ class ToolStream:
                 return []
             self.opened = True
             return [{"tool_calls": [call]}]
+        if self.scanner is not None:
+            return self._required(piece)
+        if self.buffering and plan.mode == "auto" and plan.parser == "hermes":
+            return self._calls([c.wire() for c in hermes_closed_calls(self.text, plan.names)])
         if self.buffering or plan.mode == "none" or plan.parser is None:
             return self._content(len(self.text)) if not self.buffering else []
         if plan.parser == "hermes":
             at = self.text.find(HERMES_OPEN, max(0, self.sent - len(HERMES_OPEN)))
             if at >= 0:
                 self.buffering = True
-                return self._content(at)
+                return self._content(at) + self._calls([c.wire() for c in hermes_closed_calls(self.text, plan.names)])
             return self._content(len(self.text) - held_back(self.text, HERMES_OPEN))
         head = self.text.lstrip()  # llama3_json: a call is the whole output, so decide on its start
         if not head or PYTHON_TAG.startswith(head):
@@ -138,11 +154,32 @@ class ToolStream:
         """The last deltas and the choice's finish reason."""
         if self.plan.mode == "named":
             return ([] if self.opened else self.feed("")), finish_reason
+        if self.call_ids:  # required, calls already streamed (a cut-off one ends with finish "length")
+            return [], "tool_calls" if finish_reason == "stop" else finish_reason
         _, calls, reason = self.plan.message(self.text, finish_reason)
         if not calls:
             return self._content(len(self.text)), finish_reason
-        deltas = [{"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}]
-        return deltas, reason
+        return self._calls(calls), reason
+
+    def _required(self, piece: str) -> list[dict[str, Any]]:
+        assert self.scanner is not None
+        deltas = []
+        for event in self.scanner.feed(piece):
+            if event.name is not None:
+                self.call_ids.append(new_call_id())
+                call = {"index": event.index, "id": self.call_ids[event.index], "type": "function",
+                        "function": {"name": event.name, "arguments": event.arguments}}  # fmt: skip
+            else:
+                call = {"index": event.index, "function": {"arguments": event.arguments}}
+            deltas.append({"tool_calls": [call]})
+        return deltas
+
+    def _calls(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Whole calls not sent yet (at most one without parallel_tool_calls), one delta each."""
+        limit = len(calls) if self.plan.parallel else min(len(calls), 1)
+        deltas = [{"tool_calls": [{"index": i, **calls[i]}]} for i in range(self.calls_sent, limit)]
+        self.calls_sent = max(self.calls_sent, limit)
+        return deltas
 
     def _content(self, upto: int) -> list[dict[str, Any]]:
         if upto <= self.sent:
