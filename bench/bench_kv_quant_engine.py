@@ -1,7 +1,7 @@
 """The engine's decode throughput and KV capacity with a bf16 vs int8 vs fp8 vs auto-switched KV cache.
 
     PYTHONPATH=. python3 bench/bench_kv_quant_engine.py [--layers 4] [--batch 64] [--context 4096] \
-        [--caches bf16,int8,fp8,auto] [--gqa-groups 0] [--warmup-tokens 4] [--skip-steps 2] [--cuda-graphs] \
+        [--caches bf16,int8,fp8,int8-no-reserve,fp8-no-reserve,auto] [--gqa-groups 0] [--warmup-tokens 4] [--skip-steps 2] [--cuda-graphs] \
         [--json PATH]
 
 Llama-3-8B shapes (hidden 4096, 32 query / 8 KV heads of 128, intermediate 14336, vocab 128256),
@@ -19,9 +19,11 @@ over the MEDIAN such step (`decode_tokens_per_s_mean` over their mean;
 `decode_tokens_per_s_all_decode_steps` is every prefill-free step, shrinking batches included, the
 old definition without compiles); per step, the GPU span of the model forward (CUDA events) and
 host = step - that span are reported as medians.
+`int8` / `fp8` keep the default 16-bit fallback reserve (`fallback_reserve` 0.1 of the KV memory),
+`int8-no-reserve` / `fp8-no-reserve` have none (the whole pool 8-bit).
 `--cuda-graphs` sets EngineConfig.cuda_graphs: decode-only steps replay captured graphs where the
-cache allows (kvpilot/engine/worker/cuda_graphs.py: bf16, int8 and fp8 here; auto stays eager), and the
-GPU span of a replayed step covers the static-input copies and the replay.
+cache allows (kvpilot/engine/worker/cuda_graphs.py: bf16, int8 and fp8 with or without the reserve here;
+auto stays eager), and the GPU span of a replayed step covers the static-input copies and the replay.
 CUDA only (the device machine).
 """
 
@@ -46,6 +48,8 @@ from kvpilot.engine.sampling_params import SamplingParams
 LLAMA3_8B = {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
              "head_dim": 128, "vocab_size": 128256, "rope_theta": 500000.0, "max_position_embeddings": 16384}
 CACHES = {"bf16": {}, "int8": {"kv_cache_dtype": "int8"}, "fp8": {"kv_cache_dtype": "fp8"},
+          "int8-no-reserve": {"kv_cache_dtype": "int8", "fallback_reserve": 0.0},
+          "fp8-no-reserve": {"kv_cache_dtype": "fp8", "fallback_reserve": 0.0},
           "auto": {"kv_quant_auto_threshold": 32}}
 
 

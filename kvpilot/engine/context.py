@@ -29,6 +29,11 @@ class Context:
     decode_block_tables: torch.Tensor | None = None
     decode_context_lens: torch.Tensor | None = None
     kv_split: Any = None  # strategies/kv_quant/layer.KVSplit: the step's tokens by KV pool, set by the first layer
+    # sequences of the step in a two-pool cache's exact pool (block ids below the approximate pool's first: the
+    # fallback reserve, or auto switching's 16-bit pool), counted on the host from the block tables
+    # (worker/model_runner.py). 0: every block is approximate and the layers rebase block ids on the device, no
+    # host copy (what CUDA graphs capture); None: not counted, the layers split the step by pool on the host.
+    exact_pool_seqs: int | None = None
     # state-pool slot per prefill chunk / per decode, for layers with a recurrent state (worker/state_cache.py)
     linear_slots: torch.Tensor | None = None
     decode_linear_slots: torch.Tensor | None = None

@@ -24,9 +24,11 @@ pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
 MAX_SEQS = 24
-# an 8-bit cache captures only without a 16-bit fallback reserve (a reserve splits each step by pool on the host)
+# 8-bit caches with and without the 16-bit fallback reserve (the default, 0.1): both capture; with a reserve the
+# graphs run the 8-bit pool's rebased block ids (kv_quant/layer.split_step), reserve steps run eagerly
 KV = {"bf16": {}, "int8": {"kv_cache_dtype": "int8", "fallback_reserve": 0.0},
-      "fp8": {"kv_cache_dtype": "fp8", "fallback_reserve": 0.0}}
+      "fp8": {"kv_cache_dtype": "fp8", "fallback_reserve": 0.0},
+      "int8-reserve": {"kv_cache_dtype": "int8"}, "fp8-reserve": {"kv_cache_dtype": "fp8"}}
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +72,8 @@ def test_bf16_graphs_track_eager(checkpoint, kv):
     want = engine_greedy(eager, prompts, lengths)
     eng = engine(path, "bfloat16", True, **KV[kv])
     graphs = eng.runner.decode_graphs
-    assert graphs is not None
+    assert graphs is not None and sorted(graphs.graphs) == graph_batch_sizes(MAX_SEQS)
+    assert len(eng.runner.kv_pool_sizes) == (2 if kv.endswith("-reserve") else 1)
     got = engine_greedy(eng, prompts, lengths)
     tokens = agreement(want, got)
     exact = teacher_forced_logits(eager, prompts, want)
@@ -83,7 +86,7 @@ def test_bf16_graphs_track_eager(checkpoint, kv):
     assert tokens >= 0.9
     assert graphs.replays_total >= max(lengths) - 2
     assert eng.block_manager.num_used_blocks == 0 and eager.block_manager.num_used_blocks == 0
-    if kv == "fp8":  # calibrated by the first eager prefill, not by capture's padding: the eager engine's scales
+    if kv.startswith("fp8"):  # calibrated by the first eager prefill, not by capture's padding: the eager engine's scales
         layers = [[m.kv_quant for m in e.runner.model.attention_layers()] for e in (eager, eng)]
         for a, b in zip(*layers, strict=True):
             assert a.calibrated and b.calibrated

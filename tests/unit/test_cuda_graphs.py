@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,13 +20,16 @@ from kvpilot.engine.server.cli import add_arguments
 from kvpilot.engine.worker.cuda_graphs import (
     DecodeGraphs,
     StaticInputs,
+    _kv_kind,
     engine_fallback_reason,
     graph_batch_sizes,
     has_forward_hooks,
     pick_bucket,
     step_fallback_reason,
     table_width,
+    uncaptured_decode_graphs,
 )
+from kvpilot.engine.worker.kv_cache import KVLayout
 from tests.parity.helpers import engine_greedy
 
 pytestmark = pytest.mark.unit
@@ -87,13 +91,16 @@ def test_engine_fallback_reasons(change: dict, words: str) -> None:
     assert reason is not None and words in reason
 
 
-STEP = {"num_prefill_tokens": 0, "batch": 5, "bucket": 8, "width": 16, "static_width": 64, "hooked": False}
+STEP = {"num_prefill_tokens": 0, "batch": 5, "bucket": 8, "width": 16, "static_width": 64, "hooked": False,
+        "exact_pool_seqs": 0}
 
 
 @pytest.mark.parametrize(
     ("change", "words"),
     [({}, None), ({"num_prefill_tokens": 7}, "prefill"), ({"bucket": None}, "exceeds the largest"),
-     ({"width": 80}, "block table width"), ({"hooked": True}, "hook"), ({"width": 64}, None)],
+     ({"width": 80}, "block table width"), ({"hooked": True}, "hook"), ({"width": 64}, None),
+     ({"exact_pool_seqs": 1}, "1 sequence(s) on the fallback reserve"),
+     ({"exact_pool_seqs": 5}, "5 sequence(s) on the fallback reserve"), ({"exact_pool_seqs": None}, "not counted")],
 )
 def test_step_fallback_reasons(change: dict, words: str | None) -> None:
     reason = step_fallback_reason(**{**STEP, **change})
@@ -189,6 +196,28 @@ def record_logits(eng: LLMEngine) -> list[torch.Tensor]:
 
 def test_cuda_graphs_flag_on_cpu_stays_eager(checkpoint) -> None:
     assert engine(checkpoint, cuda_graphs=True).runner.decode_graphs is None
+
+
+@pytest.mark.parametrize("kv", ["int8", "fp8"])
+def test_8bit_cache_with_a_reserve_is_graphed_over_its_8bit_pool(checkpoint, kv: str) -> None:
+    """The 16-bit fallback reserve no longer refuses graphs (only a device would); the static block table
+    spans the 8-bit pool, where graphed sequences live, not the smaller reserve."""
+    runner = engine(checkpoint, kv_cache_dtype=kv, fallback_reserve=0.25).runner
+    n16, n8 = runner.kv_pool_sizes
+    assert 0 < n16 < n8 and runner.first_approx_block == n16
+    reason = engine_fallback_reason(**{**PLAIN, "kv_kind": _kv_kind(runner)})
+    assert reason is None, reason
+    max_len = min(runner.model_config.max_position_embeddings, n8 * 8)
+    assert uncaptured_decode_graphs(runner).static.width == table_width(max_len, 8) > table_width(n16 * 8, 8)
+
+
+def test_a_conversion_reserve_still_refuses_graphs() -> None:
+    """A GQA conversion's unmerged reserve picks per-pool attention paths in Python: the engine stays eager."""
+    layout = KVLayout("model", torch.float32, None)
+    reason = engine_fallback_reason(**{**PLAIN, "kv_kind": _kv_kind(SimpleNamespace(kv_layout=layout,
+                                                                                     kv_pool_sizes=(5, 40)))})
+    assert reason is not None and "conversion's fallback reserve" in reason
+    assert _kv_kind(SimpleNamespace(kv_layout=layout, kv_pool_sizes=(40,))) == "model"
 
 
 @pytest.mark.parametrize("kv", ["auto", "int8", "fp8"])

@@ -18,13 +18,20 @@ something a graph cannot repeat (decided by inspection; when in doubt, eager):
   - any attention layer that is not the plain paged `Attention`: Performer / linear conversion
     (exact window + summary, per-sequence exact-path flags), MLA conversion or native MLA
     (latent cache, per-step plans), and the recurrent linear state;
-  - `kv_cache_dtype` auto switching, or a fallback reserve pool (int8/fp8's 16-bit one, a GQA
-    conversion's unmerged one; strategies/fallback): the step is split by pool on the host;
+  - `kv_cache_dtype` auto switching, or a GQA conversion's fallback reserve (unmerged K/V blocks,
+    strategies/fallback/split.py): a step's layers take per-pool paths chosen on the host;
   - eviction: resident views shrink and positions run ahead of context lengths.
 - a step runs eagerly (`step_fallback_reason`) when it has prefill chunks (prefill or mixed),
-  its batch exceeds the largest bucket, its block table is wider than the static one, or any
-  module has a forward hook: runtime-validation steps and gqa_head_utilization sampling steps
-  hook a layer to read its output or queries, and a replay would not call them.
+  a sequence in the exact pool of a two-pool cache (int8/fp8's 16-bit fallback reserve: the step
+  is split by pool on the host), its batch exceeds the largest bucket, its block table is wider
+  than the static one, or any module has a forward hook: runtime-validation steps and
+  gqa_head_utilization sampling steps hook a layer to read its output or queries, and a replay
+  would not call them.
+int8/fp8 with a fallback reserve capture: the graphs are captured for steps whose sequences are all
+in the 8-bit pool (`Context.exact_pool_seqs == 0`, counted on the host from the block tables), the
+common case; their 8-bit block ids and slots are rebased by the reserve's size on the device, inside
+the graph (kv_quant/layer.split_step), so the static buffers hold the engine's own ids. A step with
+a sequence moved to the reserve by runtime validation runs eagerly until that sequence finishes.
 fp8 caches capture too: their per-layer scales are calibrated from a layer's first write, which is
 always an eager prefill step (a sequence is prefilled before it decodes), and updated in place, so
 a graph captured earlier reads the calibrated scales; static steps never calibrate (`graph_static`).
@@ -102,11 +109,17 @@ def engine_fallback_reason(
 
 
 def step_fallback_reason(
-    *, num_prefill_tokens: int, batch: int, bucket: int | None, width: int, static_width: int, hooked: bool
+    *, num_prefill_tokens: int, batch: int, bucket: int | None, width: int, static_width: int, hooked: bool,
+    exact_pool_seqs: int | None,
 ) -> str | None:
-    """Why this step runs eagerly (None: replay the bucket's graph)."""
+    """Why this step runs eagerly (None: replay the bucket's graph). `exact_pool_seqs`: the step's
+    sequences in a two-pool cache's exact pool (Context.exact_pool_seqs; None: not counted)."""
     if num_prefill_tokens:
         return "prefill or mixed step"
+    if exact_pool_seqs is None:
+        return "the step's sequences per KV pool were not counted"
+    if exact_pool_seqs:
+        return f"{exact_pool_seqs} sequence(s) on the fallback reserve pool: the step is split by pool on the host"
     if bucket is None:
         return f"batch {batch} exceeds the largest graph bucket"
     if width > static_width:
@@ -167,6 +180,7 @@ class StaticInputs:
             slot_mapping=self.slot_mapping[:bucket],
             decode_context_lens=self.context_lens[:bucket],
             decode_block_tables=self.block_tables[:bucket],
+            exact_pool_seqs=0,  # every sequence in the approximate pool: fallback_reason keeps other steps eager
             graph_static=True,
         )
 
@@ -210,6 +224,7 @@ class DecodeGraphs:
         return step_fallback_reason(
             num_prefill_tokens=ctx.num_prefill_tokens, batch=num_tokens, bucket=pick_bucket(num_tokens, self.buckets),
             width=width, static_width=self.static.width, hooked=has_forward_hooks(self.modules),
+            exact_pool_seqs=ctx.exact_pool_seqs,
         )
 
     def run(self, ctx: Context, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -230,9 +245,9 @@ class DecodeGraphs:
 
 def _kv_kind(runner: Any) -> str:
     kind = runner.kv_layout.kind
-    if kind != "auto-switch" and len(runner.kv_pool_sizes) == 2:  # int8/fp8, or a GQA conversion's reserve
-        return f"{kind} with a fallback reserve pool"
-    return kind
+    if not runner.kv_layout.is_quantised and len(runner.kv_pool_sizes) == 2:  # a GQA conversion's reserve
+        return f"{kind} with a conversion's fallback reserve pool"
+    return kind  # int8/fp8 with a 16-bit reserve capture: steps with a reserve sequence run eagerly
 
 
 @torch.inference_mode()
@@ -251,12 +266,19 @@ def build_decode_graphs(runner: Any) -> DecodeGraphs | None:  # a ModelRunner (i
     if reason is not None:  # on by default: a CPU engine is not worth a warning, an uncapturable GPU one is
         (log.info if runner.device.type != "cuda" else log.warning)("cuda_graphs: decode steps stay eager (%s)", reason)
         return None
-    max_len = min(mc.max_position_embeddings, min(runner.kv_pool_sizes) * runner.block_size)
+    graphs = uncaptured_decode_graphs(runner)
+    graphs.capture()
+    log.info("cuda_graphs: captured decode buckets %s (block table width %d)", graphs.buckets, graphs.static.width)
+    return graphs
+
+
+def uncaptured_decode_graphs(runner: Any) -> DecodeGraphs:
+    """The runner's buckets and static buffers, nothing captured yet (CPU tests run them eagerly padded)."""
+    config, mc = runner.config, runner.model_config
+    # graphed steps run over the approximate pool only (the last pool; the only one without a reserve)
+    max_len = min(mc.max_position_embeddings, runner.kv_pool_sizes[-1] * runner.block_size)
     if config.max_model_len is not None:
         max_len = min(max_len, config.max_model_len)
     buckets = graph_batch_sizes(config.max_num_seqs)
     static = StaticInputs.allocate(buckets[-1], table_width(max_len, runner.block_size), runner.device)
-    graphs = DecodeGraphs(runner.model, static, buckets, mc.hidden_size, runner.dtype)
-    graphs.capture()
-    log.info("cuda_graphs: captured decode buckets %s (block table width %d)", buckets, static.width)
-    return graphs
+    return DecodeGraphs(runner.model, static, buckets, mc.hidden_size, runner.dtype)

@@ -111,6 +111,9 @@ class ModelRunner:
         self.kv_cache = self.cache.kv_cache
         self.num_kv_blocks = self.cache.num_blocks
         self.kv_pool_sizes = self.cache.pool_sizes  # (16-bit, int8) under auto switching
+        # the approximate pool's first block id: a two-pool cache's exact pool (a fallback reserve, auto
+        # switching's 16-bit pool) holds the ids below it; 0 with one pool
+        self.first_approx_block = self.kv_pool_sizes[0] if len(self.kv_pool_sizes) == 2 else 0
         capture = config.cuda_graphs and not config.enforce_eager and self.world == 1  # TP: eager (the doc says why)
         self.decode_graphs = build_decode_graphs(self) if capture else None  # worker/cuda_graphs.py
         self.model.tp_driver = tp_driver  # from here on rank 0's model calls are sent to the other ranks
@@ -259,6 +262,8 @@ class ModelRunner:
         if len(int64_parts) == 3:
             self._sample_index = packed64[2 * num_tokens :]
         ctx = Context(slot_mapping=meta.pop(0), num_prefill_tokens=int(ends[num_prefill - 1]) if num_prefill else 0)
+        # a sequence's blocks all lie in its pool: its first block tells which (core/pools.py)
+        ctx.exact_pool_seqs = int(np.count_nonzero(table[rows, 0] < self.first_approx_block))
         if num_prefill:
             ctx.context_lens, ctx.block_tables, ctx.cu_seqlens_q = meta[:3]
             meta = meta[3:]

@@ -5,10 +5,11 @@ Used by the MLA conversion (strategies/mla/attention.py) and the GQA conversion
 block-id space: K/V blocks of the unconverted layer (ids [0, first_latent): the reserve,
 `reserve_k` / `reserve_v` on the layer's attention module) and converted blocks (an MLA latent row,
 merged GQA heads; ids from first_latent, rebased to 0 in the layer's own cache). A step's tokens are
-split by pool (kv_quant/layer.split_by_pool, computed once per step): reserve tokens project K/V
-with the checkpoint's own k_proj / v_proj and attend over paged K/V; the others run the conversion
-as before. Runtime validation moves a failing sequence to the reserve, so from there it is served
-by the original attention.
+split by pool (kv_quant/layer.split_step, computed once per step: a step with no reserve sequence,
+the common case, only rebases block ids on the device; one with sequences in both pools is split on
+the host): reserve tokens project K/V with the checkpoint's own k_proj / v_proj and attend over
+paged K/V; the others run the conversion as before. Runtime validation moves a failing sequence to
+the reserve, so from there it is served by the original attention.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 from kvpilot.engine.context import Context, get_context, set_context
 from kvpilot.engine.kernels import paged_attention_decode, paged_attention_prefill, store_kvcache
-from kvpilot.engine.strategies.kv_quant.layer import KVSplit, PoolPart, split_by_pool
+from kvpilot.engine.strategies.kv_quant.layer import KVSplit, PoolPart, split_step
 
 ExactKV = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # x, positions -> k, v
 LatentPart = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # q, x, positions -> o
@@ -28,7 +29,7 @@ LatentPart = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] 
 def step_split(ctx: Context, num_tokens: int, first_latent: int, block_size: int) -> KVSplit:
     """The step's tokens by pool, computed by the first layer and shared by the rest."""
     if ctx.kv_split is None:
-        ctx.kv_split = split_by_pool(ctx, num_tokens, first_latent, block_size)
+        ctx.kv_split = split_step(ctx, num_tokens, first_latent, block_size)
     return ctx.kv_split
 
 
@@ -79,7 +80,7 @@ def _latent(
     assert split.slots8 is not None
     sub = Context(slot_mapping=split.slots8[rows])
     if part.prefill:
-        sub.num_prefill_tokens = int(part.cu_seqlens_q[-1])
+        sub.num_prefill_tokens = rows.stop - rows.start if isinstance(rows, slice) else rows.numel()  # no sync
         sub.block_tables, sub.cu_seqlens_q, sub.context_lens = part.block_tables, part.cu_seqlens_q, part.context_lens
     else:
         sub.decode_block_tables, sub.decode_context_lens = part.block_tables, part.context_lens

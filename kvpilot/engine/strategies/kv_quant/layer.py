@@ -5,8 +5,12 @@ worker/kv_cache.py allocates, per layer, beside (or instead of) the 16-bit K/V: 
 written by the store; fp8: fp32 `[Hkv]` per layer, calibrated from the layer's first write and then
 fixed, see docs/strategies.md). Each Attention layer gets a `LayerKVQuant` that replaces its
 store + attend: the quantising store, decode with in-kernel dequantisation, and prefill through the
-block-dequant path (kernels/kv_quant). Under auto switching a step's tokens are split by pool
-(the 8-bit pool's block ids start at n16); this costs one small host copy of the step's metadata.
+block-dequant path (kernels/kv_quant). With two pools (auto switching, or int8/fp8 with a 16-bit
+fallback reserve) the 8-bit pool's block ids start at n16 (`first8`). The runner counts the step's
+sequences in the 16-bit pool on the host (`Context.exact_pool_seqs`, `split_step`): when none is
+there, or all are, the step's metadata is used as it is (8-bit ids rebased on the device), with no
+host sync, so CUDA graphs capture it; only a step with sequences in both pools is split by pool on
+the host (`split_by_pool`, one small host copy of the step's metadata).
 """
 
 from __future__ import annotations
@@ -42,19 +46,52 @@ class KVSplit:
     parts: list[PoolPart]
 
 
-def split_all_quant(ctx: Context, num_tokens: int) -> KVSplit:
-    """Every sequence on the 8-bit pool (int8/fp8): the step's metadata as it is, no host copy."""
+def split_step(ctx: Context, num_tokens: int, first8: int, block_size: int) -> KVSplit:
+    """The step's tokens by pool, without a host sync unless sequences of both pools share the step."""
+    if first8 == 0:
+        return split_all_quant(ctx, num_tokens)
+    exact = ctx.exact_pool_seqs
+    if exact == 0:
+        return split_all_quant(ctx, num_tokens, first8, block_size)
+    if exact is not None and exact == num_sequences(ctx):
+        return split_all_exact(ctx, num_tokens)
+    return split_by_pool(ctx, num_tokens, first8, block_size)
+
+
+def num_sequences(ctx: Context) -> int:
+    """Prefill chunks plus decodes of the step (from tensor shapes: no host sync)."""
+    prefill = ctx.block_tables.shape[0] if ctx.num_prefill_tokens else 0
+    return prefill + (ctx.decode_block_tables.shape[0] if ctx.decode_block_tables is not None else 0)
+
+
+def split_all_quant(ctx: Context, num_tokens: int, first8: int = 0, block_size: int = 0) -> KVSplit:
+    """Every sequence on the 8-bit pool: the step's metadata as it is, block ids and slots rebased by
+    `first8` blocks on the device (a two-pool cache; padding -1 stays -1). No host copy."""
     n = ctx.num_prefill_tokens
     parts = []
     if n:
-        parts.append(PoolPart(True, True, slice(0, n), ctx.block_tables, ctx.context_lens, ctx.cu_seqlens_q))
+        parts.append(PoolPart(True, True, slice(0, n), _rebase(ctx.block_tables, first8), ctx.context_lens,
+                              ctx.cu_seqlens_q))  # fmt: skip
     if n < num_tokens:
-        parts.append(PoolPart(False, True, slice(n, num_tokens), ctx.decode_block_tables, ctx.decode_context_lens))
-    return KVSplit(None, ctx.slot_mapping, parts)
+        parts.append(PoolPart(False, True, slice(n, num_tokens), _rebase(ctx.decode_block_tables, first8),
+                              ctx.decode_context_lens))  # fmt: skip
+    return KVSplit(None, _rebase(ctx.slot_mapping, first8 * block_size), parts)
+
+
+def split_all_exact(ctx: Context, num_tokens: int) -> KVSplit:
+    """Every sequence on the 16-bit pool (ids [0, first8): no rebase): the step's metadata as it is."""
+    n = ctx.num_prefill_tokens
+    parts = []
+    if n:
+        parts.append(PoolPart(True, False, slice(0, n), ctx.block_tables, ctx.context_lens, ctx.cu_seqlens_q))
+    if n < num_tokens:
+        parts.append(PoolPart(False, False, slice(n, num_tokens), ctx.decode_block_tables, ctx.decode_context_lens))
+    return KVSplit(ctx.slot_mapping, None, parts)
 
 
 def split_by_pool(ctx: Context, num_tokens: int, first8: int, block_size: int) -> KVSplit:
-    """Auto switching: sequences whose blocks are >= first8 are on the 8-bit pool (ids rebased to 0)."""
+    """Sequences whose blocks are >= first8 are on the 8-bit pool (ids rebased to 0); reads the step's
+    metadata on the host (a sync), so a CUDA graph cannot capture it."""
     device = ctx.slot_mapping.device
     slots = ctx.slot_mapping.cpu()
     boundary = first8 * block_size
@@ -93,8 +130,11 @@ def split_by_pool(ctx: Context, num_tokens: int, first8: int, block_size: int) -
     return KVSplit(slots16.to(device), slots8.to(device), parts)
 
 
-def _rebase(tables: torch.Tensor, first: int) -> torch.Tensor:
-    return torch.where(tables >= 0, tables - first, tables).contiguous()
+def _rebase(ids: torch.Tensor, first: int) -> torch.Tensor:
+    """Block ids (or slots) less `first`, -1 padding kept: on the device, no sync (ids as they are for 0)."""
+    if first == 0:
+        return ids
+    return torch.where(ids >= 0, ids - first, ids).contiguous()
 
 
 class LayerKVQuant:
@@ -115,11 +155,7 @@ class LayerKVQuant:
         """q [T, Hq, D], k/v [T, Hkv, D] of the step -> attention output [T, Hq, D] in q's dtype."""
         split = ctx.kv_split
         if split is None:  # computed by the first layer, shared by the rest
-            if self.first8 == 0:
-                split = split_all_quant(ctx, q.shape[0])
-            else:
-                split = split_by_pool(ctx, q.shape[0], self.first8, self.block_size)
-            ctx.kv_split = split
+            split = ctx.kv_split = split_step(ctx, q.shape[0], self.first8, self.block_size)
         if split.slots16 is not None:
             dtype16 = attn.k_cache.dtype
             store_kvcache(k.to(dtype16), v.to(dtype16), attn.k_cache, attn.v_cache, split.slots16)
