@@ -26,11 +26,20 @@ from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.llm_engine import LLMEngine
 from kvpilot.engine.worker.scoring import score_paged
 
+# calibrated GQA's steps (strategies/gqa/compensate.py), --gqa-steps: calibrate_gqa's arguments
+GQA_STEPS = {
+    "weighted merge only": {"compensate": (), "grouping": "merge"},
+    "+ query side": {"compensate": ("keys",), "grouping": "merge"},
+    "+ output side": {"compensate": ("values",), "grouping": "merge"},
+    "+ both sides": {"compensate": ("keys", "values"), "grouping": "merge"},
+}
 
-def strategies(heads_kv: int, head_dim: int, length: int, calibration: str | None = None
+
+def strategies(heads_kv: int, head_dim: int, length: int, calibration: str | None = None, gqa_steps: bool = False
                ) -> list[tuple[str, dict[str, Any]]]:  # fmt: skip
     """(label, EngineConfig overrides) for every strategy the engine offers; with a calibration text,
-    the GQA and MLA conversions also calibrated on it (heads by key similarity, activation-aware SVD)."""
+    the GQA and MLA conversions also calibrated on it (heads by key similarity, activation-aware SVD);
+    with `gqa_steps`, calibrated GQA also without (part of) its compensation (key `gqa_calibrate`)."""
     window = max(32, length // 4)
     out: list[tuple[str, dict[str, Any]]] = [("native", {})]
     out += [("int8 KV", {"kv_cache_dtype": "int8"}), ("fp8 KV", {"kv_cache_dtype": "fp8"})]
@@ -39,7 +48,12 @@ def strategies(heads_kv: int, head_dim: int, length: int, calibration: str | Non
     out += [(f"gqa {g}", {"attention": "gqa", "kv_head_groups": g}) for g in groups]
     calibrated = {"conversion_calibration": calibration}
     if calibration:
-        out += [(f"gqa {g} calibrated", {"attention": "gqa", "kv_head_groups": g, **calibrated}) for g in groups]
+        for g in groups:
+            gqa = {"attention": "gqa", "kv_head_groups": g, **calibrated}
+            if gqa_steps:
+                out += [(f"gqa {g} calibrated, {step}", {**gqa, "gqa_calibrate": how})
+                        for step, how in GQA_STEPS.items()]  # fmt: skip
+            out.append((f"gqa {g} calibrated", gqa))
     out += [(f"mla r={r}", {"attention": "mla", "latent_rank": r}) for r in ranks]
     if calibration:
         out += [(f"mla r={r} calibrated", {"attention": "mla", "latent_rank": r, **calibrated}) for r in ranks]
@@ -50,6 +64,20 @@ def strategies(heads_kv: int, head_dim: int, length: int, calibration: str | Non
          {"eviction": "ladder", "eviction_sinks": 16, "eviction_window": window // 2}),
     ]  # fmt: skip
     return out
+
+
+def build_engine(config: EngineConfig, gqa_calibrate: dict[str, Any] | None = None) -> LLMEngine:
+    """The engine; with `gqa_calibrate`, calibrated GQA runs calibrate_gqa with those arguments (a
+    benchmark step, not an engine setting: the engine compensates both sides, grouped for it)."""
+    if gqa_calibrate is None:
+        return LLMEngine(config)
+    from functools import partial
+    from unittest import mock
+
+    from kvpilot.engine.strategies.gqa import calibrate
+
+    with mock.patch.object(calibrate, "calibrate_gqa", partial(calibrate.calibrate_gqa, **gqa_calibrate)):
+        return LLMEngine(config)
 
 
 def heldout_windows(model_dir: Path, tokenizer, length: int, count: int) -> list[list[int]]:
@@ -87,6 +115,8 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--only", help="comma-separated label prefixes to run (default: all)")
     parser.add_argument("--calibration", help="a text file (not held out) that calibrates extra GQA/MLA rows")
+    parser.add_argument("--gqa-steps", action="store_true",
+                        help="with --calibration: calibrated GQA also without its query/output compensation")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3,
                         help="share of the GPU one strategy's engine may take (freed before the next)")
     args = parser.parse_args()
@@ -96,15 +126,17 @@ def main() -> None:
     windows: list[list[int]] | None = None
     rows: list[tuple[str, str, str, str]] = []
     base_ppl = None
-    for label, overrides in strategies(heads_kv, head_dim, args.length, args.calibration):
+    for label, overrides in strategies(heads_kv, head_dim, args.length, args.calibration, args.gqa_steps):
         if args.only and not any(label.startswith(p.strip()) for p in args.only.split(",")):
             continue
         start = time.perf_counter()
         try:
+            overrides = dict(overrides)
+            how = overrides.pop("gqa_calibrate", None)
             config = EngineConfig(model=str(args.model), device=args.device, show_progress=False,
                                   cpu_kv_cache_bytes=256 * 2**20,
                                   gpu_memory_utilization=args.gpu_memory_utilization, **overrides)  # fmt: skip
-            engine = LLMEngine(config)
+            engine = build_engine(config, how)
         except (ValueError, NotImplementedError, RuntimeError) as exc:
             rows.append((label, "n/a", "", f"refused: {str(exc)[:90]}"))
             continue

@@ -117,3 +117,20 @@ def test_weighted_merges_reduce_to_the_mean_and_follow_their_weights():
     weights[0, 3], weights[1, 3] = 1e-9, 1.0
     merged = merge_keys(w, weights, 2).float()
     assert torch.allclose(merged[3], w[d + 3], atol=1e-5)
+
+
+def test_compensated_gqa_falls_back_to_the_exact_unmerged_attention(twin_heads, calibration):
+    """Calibrated GQA folds its compensation into q_proj / o_proj; a sequence moved to the fallback
+    reserve attends with the original heads through them (compensate.exact_kv) and continues exactly
+    as the native engine does. Four unlike heads in one group, the check's threshold out of reach."""
+    guarded = {"device": "cpu", "block_size": 8, "num_kv_blocks": 64, "validate_every": 4,
+               "validation_sample_rate": 1.0, "validation_threshold": 0.99999, "fallback_reserve": 0.5}  # fmt: skip
+    prompt = [(i * 37 + 11) % 370 + 3 for i in range(40)]
+    eng = make_engine(twin_heads, attention="gqa", kv_head_groups=1, conversion_calibration=calibration,
+                      calibration_tokens=256, **guarded)  # fmt: skip
+    assert eng.runner.model.model.layers[0].self_attn.gqa_compensation.value_maps is not None
+    got = engine_greedy(eng, [prompt], 14, ["r"])[0]
+    feed = eng.stats()["validation"]
+    assert feed["checks_total"] == 1 and sum(feed["fallbacks_total"]["gqa"].values()) == 1, feed
+    native = make_engine(twin_heads, device="cpu", block_size=8, num_kv_blocks=64)
+    assert got[5:] == engine_greedy(native, [prompt + got[:5]], 9)[0]

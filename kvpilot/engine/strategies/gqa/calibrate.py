@@ -7,8 +7,9 @@ greedy grouping of nearest heads refined by pairwise swaps minimises it. The cho
 applied by permuting the layer's heads (query blocks, o_proj columns, K/V heads: an exact
 relabelling) so that each group's heads are consecutive, then merged with weights from the same
 tokens (merge_keys: by the queries' energy per key dim; merge_values: through o_proj), the grouping
-cost measured with those weights too. Layers are calibrated in order, each on the inputs its
-already-converted predecessors produce.
+cost measured with those weights too. By default the merge is compensate.py's instead (query/value
+compensation folded into q_proj / o_proj) and the grouping cost is what that merge leaves. Layers are
+calibrated in order, each on the inputs its already-converted predecessors produce.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from itertools import combinations
 import torch
 
 from kvpilot.engine.strategies.calibration.capture import attention_inputs
+from kvpilot.engine.strategies.gqa.compensate import compensate_layer, compensated_distances
 from kvpilot.engine.strategies.gqa.convert import mean_pool_heads
 
 log = logging.getLogger("kvpilot.engine.gqa")
@@ -120,18 +122,23 @@ def merge_values(source: torch.Tensor, grams: torch.Tensor, groups: int, damping
     rows = source.double().reshape(groups, heads // groups, d, -1)
     g = grams.double().reshape(groups, heads // groups, d, d)
     total = g.sum(1)
-    total = total + damping * total.diagonal(dim1=1, dim2=2).mean(-1)[:, None, None] * torch.eye(d, dtype=total.dtype)
+    eye = torch.eye(d, dtype=total.dtype, device=total.device)
+    total = total + damping * total.diagonal(dim1=1, dim2=2).mean(-1)[:, None, None] * eye
     merged = torch.linalg.solve(total, torch.einsum("ghde,ghen->gdn", g, rows))
     return merged.reshape(groups * d, *source.shape[1:])
 
 
 @torch.no_grad()
 def regroup_layer(attn: torch.nn.Module, original: dict[str, torch.Tensor], order: list[int], groups: int,
-                  key_weights: torch.Tensor | None = None, value_grams: torch.Tensor | None = None) -> None:  # fmt: skip
+                  key_weights: torch.Tensor | None = None, value_grams: torch.Tensor | None = None,
+                  inputs: torch.Tensor | None = None, compensate: tuple[str, ...] = (),
+                  keep_output: bool = False) -> None:  # fmt: skip
     """Permute one converted layer's heads to `order` (original KV head indices) and re-merge its K/V
     from the original projections: consecutive runs of the new order become the groups. With
     `key_weights` [H, D] / `value_grams` [H, D, D] (original head order) the merge is weighted by what
-    the queries and o_proj make of each head (merge_keys, merge_values); else it is the plain mean."""
+    the queries and o_proj make of each head (merge_keys, merge_values); else it is the plain mean.
+    With `inputs` [T, hidden] and `compensate` ('keys', 'values'), the merge is compensate.py's
+    (`keep_output`: the original o_proj kept for the fallback reserve)."""
     d = attn.head_dim
     kv_heads = len(order)
     per_kv = attn.num_heads // kv_heads  # query heads per original KV head
@@ -141,6 +148,11 @@ def regroup_layer(attn: torch.nn.Module, original: dict[str, torch.Tensor], orde
         attn.q_proj.bias.copy_(attn.q_proj.bias[q_rows])
     attn.o_proj.weight.copy_(attn.o_proj.weight[:, q_rows])
     kv_rows = _rows(order, d)
+    attn.kv_head_order = list(order)  # the GQA runtime check reorders the original K/V the same way
+    if inputs is not None and compensate and key_weights is not None and value_grams is not None:
+        rows = {name: t[kv_rows.to(t.device)] for name, t in original.items()}
+        compensate_layer(attn, rows, inputs, key_weights[order], value_grams[order], groups, compensate, keep_output)
+        return
     for proj in ("k_proj", "v_proj"):
         module = getattr(attn, proj)
         for kind in ("weight", "bias"):
@@ -155,14 +167,21 @@ def regroup_layer(attn: torch.nn.Module, original: dict[str, torch.Tensor], orde
             else:
                 merged = mean_pool_heads(rows, kv_heads, groups)
             getattr(module, kind).copy_(merged.to(getattr(module, kind)))
-    attn.kv_head_order = list(order)  # the GQA runtime check reorders the original K/V the same way
 
 
 @torch.no_grad()
 def calibrate_gqa(model: torch.nn.Module, originals: dict[str, torch.Tensor], groups: int, ids: list[int],
-                  device: torch.device) -> list[list[int]]:  # fmt: skip
-    """Regroup every layer of a mean-pooled GQA model by key similarity on `ids`; the orders, per layer.
-    `originals`: the checkpoint's k_proj / v_proj tensors by full name (kept by the load transform)."""
+                  device: torch.device, compensate: tuple[str, ...] = ("keys", "values"),
+                  grouping: str = "compensated", keep_output: bool = False) -> list[list[int]]:  # fmt: skip
+    """Regroup every layer of a mean-pooled GQA model by similarity on `ids` and re-merge it with
+    query/value compensation (compensate.py; `compensate=()`: the weighted merges alone); the orders,
+    per layer. `grouping`: 'compensated' (what a compensated merge leaves, compensated_distances) or
+    'merge' (what the weighted merges leave, head_distances); `keep_output`: each layer's original o_proj
+    kept (host) for the fallback reserve. `originals`: the checkpoint's k_proj / v_proj tensors by full
+    name (kept by the load transform)."""
+    if grouping not in ("compensated", "merge") or not set(compensate) <= {"keys", "values"}:
+        raise ValueError(f"grouping {grouping!r} / compensate {compensate!r}: expected 'compensated' or 'merge' / "
+                         "a subset of ('keys', 'values')")  # fmt: skip
     orders: list[list[int]] = []
     for index, layer in enumerate(model.model.layers):
         attn = layer.self_attn
@@ -176,14 +195,18 @@ def calibrate_gqa(model: torch.nn.Module, originals: dict[str, torch.Tensor], gr
         k, v = k.view(-1, heads, d), v.view(-1, heads, d)
         q = torch.nn.functional.linear(x, attn.q_proj.weight.float(), _bias_of(attn.q_proj)).view(k.shape[0], -1, d)
         key_weights, grams = query_weights(q, heads), output_grams(attn.o_proj.weight.float(), heads, d)
-        dist = head_distances(k, v, key_weights, grams)
+        if grouping == "compensated":
+            dist = compensated_distances(k, v, key_weights, grams)
+        else:
+            dist = head_distances(k, v, key_weights, grams)
         order = group_heads(dist, groups)
         size = heads // groups
         by_index = sum(group_cost(dist, list(range(g * size, (g + 1) * size))) for g in range(groups))
         chosen = sum(group_cost(dist, order[g * size : (g + 1) * size]) for g in range(groups))
-        log.info("gqa layer %d: merge cost %.4f by similarity vs %.4f by index (groups %s)", index, chosen, by_index,
+        log.info("gqa layer %d: %s merge cost %.4f by similarity vs %.4f by index (groups %s)", index, grouping,
+                 chosen, by_index,
                  [order[g * size : (g + 1) * size] for g in range(groups)])  # fmt: skip
-        regroup_layer(attn, original, order, groups, key_weights, grams)
+        regroup_layer(attn, original, order, groups, key_weights, grams, x, compensate, keep_output)
         orders.append(order)
     return orders
 

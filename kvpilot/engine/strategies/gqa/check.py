@@ -4,7 +4,9 @@ Exact side: the validated layer's attention with the checkpoint's own K/V projec
 the checkpoint at start for that one layer only (kept for this purpose; the capacity planner counts
 their bytes, kvpilot/planner/memory.py), on the same input as the served layer (a dense recompute
 up to that layer, whose earlier layers are the served, merged ones). Served side: the layer's
-output over the merged KV heads. So the check measures what merging did to this layer.
+output over the merged KV heads. So the check measures what merging did to this layer. A calibrated
+conversion compensates in q_proj / o_proj (compensate.py): the exact side then uses the original
+scores through the compensated queries and values in the served basis (compensate.checked_kv).
 
 Fallback: with `fallback_reserve > 0` every layer keeps its original K/V projections and the pool a
 reserve of full-head K/V blocks (strategies/gqa/reserve.py); a failing sequence is recomputed there,
@@ -27,6 +29,7 @@ from kvpilot.engine.context import dense_context
 from kvpilot.engine.core.pools import PooledBlockManager
 from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.strategies.fallback.reserve import ReserveFallback
+from kvpilot.engine.strategies.gqa.compensate import checked_kv
 from kvpilot.engine.validation.runner import DenseRecompute
 
 _PROJ = ("k_proj", "v_proj")
@@ -71,6 +74,8 @@ class GqaCheck(DenseRecompute, ReserveFallback):
         if order is not None:
             rows = torch.cat([torch.arange(h * head_dim, (h + 1) * head_dim) for h in order])
             original = {k: t[rows] for k, t in original.items()}
+        # compensation (calibrated): the original scores through the compensated q_proj, values in the served basis
+        original = checked_kv(original, getattr(attn, "gqa_compensation", None), attn.v_proj.weight, attn.v_proj.bias)
         self.weights = {k: t.to(runner.device, runner.dtype) for k, t in original.items()}
 
     @property

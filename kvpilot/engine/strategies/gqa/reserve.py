@@ -6,7 +6,9 @@ own KV heads (worker/kv_cache.py). A step is split by pool (strategies/fallback/
 tokens use the original projections and attend over full-head K/V, the rest the merged heads. A
 sequence that fails runtime validation (strategies/gqa/check.py) moves to the reserve and is served
 unmerged from then on. Calibrated grouping permutes a layer's heads: the original projections are
-permuted the same way (`kv_head_order`), which changes nothing in the unmerged attention.
+permuted the same way (`kv_head_order`), which changes nothing in the unmerged attention; its
+query/value compensation changed q_proj (the kept keys follow, compensate.exact_kv) and o_proj (the
+reserve's rows use the original, kept beside the K/V projections).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch import nn
 
 from kvpilot.engine.context import get_context
 from kvpilot.engine.strategies.fallback.split import attend_with_reserve
+from kvpilot.engine.strategies.gqa.compensate import exact_kv
 
 
 def gqa_reserve_applies(config, original_kv_heads: int, world: int) -> bool:
@@ -37,11 +40,16 @@ class GqaReserveAttention(nn.Module):
         heads = original["k_proj.weight"].shape[0] // d
         rows = torch.cat([torch.arange(h * d, (h + 1) * d) for h in (order or range(heads))])
         device, dtype = src.k_proj.weight.device, src.k_proj.weight.dtype
+        # calibrated compensation changed q_proj (the kept keys follow it, exact_kv) and o_proj (the reserve's
+        # rows use the original one)
+        comp = getattr(src, "gqa_compensation", None)
+        kept = exact_kv({k: t[rows] for k, t in original.items()}, comp)
         for name in ("k_proj", "v_proj"):
-            weight = original[f"{name}.weight"][rows].to(device, dtype)
-            bias = original.get(f"{name}.bias")
-            self.register_buffer(f"{name}_weight", weight)
-            self.register_buffer(f"{name}_bias", None if bias is None else bias[rows].to(device, dtype))
+            bias = kept.get(f"{name}.bias")
+            self.register_buffer(f"{name}_weight", kept[f"{name}.weight"].to(device, dtype))
+            self.register_buffer(f"{name}_bias", None if bias is None else bias.to(device, dtype))
+        output = None if comp is None else comp.output_weight
+        self.register_buffer("o_proj_weight", None if output is None else output.to(device, dtype))
         self.original_kv_heads = heads
 
     # what the engine and the runtime check read from a layer's self_attn
@@ -63,7 +71,13 @@ class GqaReserveAttention(nn.Module):
         q = src.q_proj(x).view(t, src.num_heads, src.head_dim)
         q, _ = src.rotary_emb(positions, q, q[:, :1])
         o = attend_with_reserve(q, x, positions, src.attn, self._original_kv, self._merged, src.attn.k_cache.shape[1])
-        return src.o_proj(o.reshape(t, src.num_heads * src.head_dim))
+        o = o.reshape(t, src.num_heads * src.head_dim)
+        out = src.o_proj(o)
+        if self.o_proj_weight is not None:  # value compensation: the reserve's heads need the original o_proj
+            for part in get_context().kv_split.parts:
+                if not part.quant:
+                    out[part.rows] = F.linear(o[part.rows], self.o_proj_weight)
+        return out
 
     def _original_kv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n, d = x.shape[0], self.src.head_dim
