@@ -57,15 +57,20 @@ def split_pool(model: ModelShape, strategy: KVStrategy, pool_bytes: int, max_seq
 def extra_weight_bytes(model: ModelShape, strategy: KVStrategy) -> int:
     """Bytes the engine holds beyond the checkpoint's weights for a conversion, or saves by it:
     GQA merges K/V (fewer) and keeps the originals of the validated layer (runtime validation) or, with
-    a fallback reserve, of every layer (the unmerged path); the MLA conversion keeps every layer's K/V
+    a fallback reserve, of every layer (the unmerged path), plus every layer's original o_proj when
+    calibrated (strategies/gqa/compensate.py rewrites it); the MLA conversion keeps every layer's K/V
     projections (validation, fallback) beside its factors."""
     width = model.weight_dtype_bytes or model.dtype_bytes
     h, kv = model.hidden_size, model.num_kv_heads * model.head_dim
     layers = model.num_full_layers
     if strategy.attention == "gqa" and model.mla is None and strategy.kv_head_groups:
         merged = strategy.kv_head_groups * model.head_dim
+        if merged >= kv:
+            return 0
         kept = layers if strategy.fallback_reserve > 0 else 1
-        return (layers * 2 * h * (merged - kv) + kept * 2 * h * kv) * width if merged < kv else 0
+        # calibrated: value compensation rewrote o_proj, so the reserve's heads need the original one
+        o_proj = layers * h * model.num_attention_heads * model.head_dim if strategy.calibrated and kept > 1 else 0
+        return (layers * 2 * h * (merged - kv) + kept * 2 * h * kv + o_proj) * width
     if strategy.attention == "mla" and model.mla is None and strategy.latent_rank:
         r = strategy.latent_rank
         return layers * (r * h + 2 * kv * r) * width

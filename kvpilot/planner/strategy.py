@@ -41,6 +41,9 @@ class KVStrategy:
     fallback_reserve: float = 0.1
     kv_quant_auto_threshold: int | None = None  # auto: int8 blocks for new sequences at this batch size
     kv_quant_auto_split: float = 0.5  # auto: share of the KV pool for 16-bit blocks
+    # gqa/mla converted with a calibration set (the engine's conversion_calibration); a calibrated
+    # GQA conversion with a reserve also keeps every layer's original o_proj (planner/pools.py)
+    calibrated: bool = False
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTIONS:

@@ -32,6 +32,19 @@ def test_a_lossy_strategy_plans_its_concurrency_beside_the_fallback_reserve():
     assert f"{guarded.reserve_sequences} exact-path sequences" in guarded.reason
 
 
+def test_a_calibrated_gqa_conversion_with_a_reserve_counts_the_original_o_proj():
+    from kvpilot.planner.pools import extra_weight_bytes
+
+    base = dict(attention="gqa", kv_head_groups=4, kv_cache_dtype="bf16")
+    plain, calibrated = KVStrategy(**base), KVStrategy(**base, calibrated=True)
+    o_proj = MODEL.num_layers * MODEL.hidden_size * MODEL.num_attention_heads * MODEL.head_dim * 2  # bf16
+    assert extra_weight_bytes(MODEL, calibrated) - extra_weight_bytes(MODEL, plain) == o_proj
+    unguarded = dict(base, fallback_reserve=0.0)  # no reserve: nothing needs the original o_proj
+    assert extra_weight_bytes(MODEL, KVStrategy(**unguarded, calibrated=True)) == extra_weight_bytes(
+        MODEL, KVStrategy(**unguarded))
+    assert plan(**base, calibrated=True).max_concurrency <= plan(**base).max_concurrency
+
+
 def test_an_exact_strategy_keeps_no_reserve():
     assert plan(kv_cache_dtype="bf16", fallback_reserve=0.3).reserve_bytes == 0
 

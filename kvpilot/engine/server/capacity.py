@@ -68,6 +68,7 @@ def plan_for(config: Any, device: str, cpu_budget_bytes: int, watermark: float) 
         fallback_reserve=getattr(config, "fallback_reserve", 0.0),  # the engine's reserve (planner/pools.py)
         kv_quant_auto_threshold=config.kv_quant_auto_threshold if kind == "auto-switch" else None,
         kv_quant_auto_split=getattr(config, "kv_quant_auto_split", 0.5),
+        calibrated=getattr(config, "conversion_calibration", None) is not None,
     )
     weights = sum(f.stat().st_size for f in Path(config.model).glob("*.safetensors")) or None
     return plan_capacity(
