@@ -75,13 +75,14 @@ def block_diagonal_rope_query(q_rope: torch.Tensor, num_kv_heads: int) -> torch.
 
 def latent_attention_triton(
     q_latent: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor,
-    context_lens: torch.Tensor, scale: float, num_kv_heads: int,
+    context_lens: torch.Tensor, scale: float, num_kv_heads: int, num_splits: int | None = None,
 ) -> torch.Tensor:
-    """The same over the paged cache [blocks, page, r + Hkv*R] through kernels/mla_decode -> [B, H, r]."""
+    """The same over the paged cache [blocks, page, r + Hkv*R] through kernels/mla_decode -> [B, H, r]
+    (`num_splits`: the kernel's split-K count, default its own choice)."""
     from kvpilot.engine.kernels.mla_decode.kernel import mla_decode_triton
 
     q_pe = block_diagonal_rope_query(q_rope, num_kv_heads)
     return mla_decode_triton(
         q_latent.to(cache.dtype).contiguous(), q_pe.to(cache.dtype).contiguous(), cache, block_tables,
-        context_lens, scale,
+        context_lens, scale, num_splits,
     )
