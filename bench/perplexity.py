@@ -43,6 +43,14 @@ def strategies(heads_kv: int, head_dim: int, length: int, calibration: str | Non
     out += [(f"mla r={r}", {"attention": "mla", "latent_rank": r}) for r in ranks]
     if calibration:
         out += [(f"mla r={r} calibrated", {"attention": "mla", "latent_rank": r, **calibrated}) for r in ranks]
+    # partial RoPE with absorbed decode (strategies/mla/partial.py) at r = d/4: R dims per KV head keep RoPE
+    # (with calibration text both rules use the activation-aware SVD: only the pairs differ)
+    rules = [("high", calibrated), ("norm", calibrated)] if calibration else [("high", {})]
+    out += [
+        (f"mla-rope{rope} r={ranks[1]} {rule}",
+         {"attention": "mla", "latent_rank": ranks[1], "mla_rope_dims": rope, "mla_rope_pairs": rule, **extra})
+        for rope in (head_dim // 8, head_dim // 4, head_dim // 2) for rule, extra in rules
+    ]  # fmt: skip
     out += [(f"linear (Performer, window {w})", {"attention": "linear", "linear_window": w}) for w in (64, 16)]
     out += [
         (f"eviction sinks 16 + window {window}", {"eviction": "sinks", "eviction_sinks": 16, "eviction_window": window}),
