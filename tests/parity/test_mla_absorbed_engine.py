@@ -4,7 +4,7 @@
   (checks the query/key dim bookkeeping, the post-RoPE rope rows and the absorption together).
 - At a truncated rank and few RoPE dims (a lossy model) the absorbed decode equals the same model's
   decompress-then-attend decode (prefill path) step by step, with chunked prefill, prefix hits and
-  preemption, for both pair rules.
+  preemption, with the default pairs and with calibrated (`turn`) ones.
 - Runtime validation and the fallback reserve work for the mode: a rank-1 latent fails its check and
   the sequence continues as the exact engine does; sequences on both pools share steps.
 """
@@ -62,7 +62,7 @@ def test_rope_on_every_dim_at_full_rank_matches_hf(llama: str) -> None:
 
 @pytest.mark.parametrize(
     ("rank", "rope_dims", "extra"),
-    [(12, 4, {}), (24, 0, {}), (20, 6, {"mla_rope_pairs": "norm", "conversion_calibration": CALIBRATION})],
+    [(12, 4, {}), (24, 0, {}), (20, 6, {"conversion_calibration": CALIBRATION})],  # calibrated: `turn` pairs
 )
 def test_absorbed_decode_equals_decompressing_decode(llama: str, rank: int, rope_dims: int, extra: dict) -> None:
     expected_ids, expected_logits, _ = run(llama, False, latent_rank=rank, mla_rope_dims=rope_dims, **extra)

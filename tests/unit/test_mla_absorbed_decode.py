@@ -19,7 +19,13 @@ from kvpilot.engine.strategies.mla.absorbed import (
     project_values,
 )
 from kvpilot.engine.strategies.mla.decode import DecodePlanner
-from kvpilot.engine.strategies.mla.rope_select import high_frequency_pairs, norm_pairs, resolve_rule
+from kvpilot.engine.strategies.mla.rope_select import (
+    high_frequency_pairs,
+    norm_pairs,
+    resolve_rule,
+    turn_pairs,
+    turn_weights,
+)
 from kvpilot.engine.strategies.mla.svd import factorize_kv, reconstruct_k
 
 pytestmark = pytest.mark.unit
@@ -123,11 +129,26 @@ def test_norm_pairs_keep_the_pairs_carrying_the_most_magnitude() -> None:
     assert high_frequency_pairs(2, 4).tolist() == [[0, 1], [0, 1]]
 
 
+def test_turn_prefers_a_rotating_pair_to_a_louder_one_that_barely_turns() -> None:
+    inv_freq = 10000.0 ** (-torch.arange(8) / 8)  # head_dim 16: pair 0 turns fastest, pair 7 slowest
+    weights = turn_weights(inv_freq, 2048)
+    assert weights[0] > 0.99 and weights[6] < 0.8 and weights[7] < 0.3  # 0.65 rad over 2048 tokens
+    gen = torch.Generator().manual_seed(4)
+    q, k = 0.01 * torch.randn(40, 2, 16, generator=gen), 0.01 * torch.randn(40, 1, 16, generator=gen)
+    q[:, :, [7, 15]] += 1.5  # pair 7: loudest, but turns 0.65 rad over 2048 tokens
+    k[:, :, [7, 15]] += 1.5
+    q[:, :, [1, 9]] += 1.0  # pair 1: quieter, turns many times
+    k[:, :, [1, 9]] += 1.0
+    assert norm_pairs(q, k, rope_dims=2).tolist() == [[7]]
+    assert turn_pairs(q, k, 2, inv_freq, 2048).tolist() == [[1]]
+
+
 def test_pair_rules_resolve_and_refuse() -> None:
-    assert resolve_rule("auto", calibrated=True) == "norm" and resolve_rule("auto", calibrated=False) == "high"
-    with pytest.raises(ValueError, match="conversion_calibration"):
-        resolve_rule("norm", calibrated=False)
-    with pytest.raises(ValueError, match="auto, high, norm"):
+    assert resolve_rule("auto", calibrated=True) == "turn" and resolve_rule("auto", calibrated=False) == "high"
+    for rule in ("norm", "turn"):
+        with pytest.raises(ValueError, match="conversion_calibration"):
+            resolve_rule(rule, calibrated=False)
+    with pytest.raises(ValueError, match="auto, high, norm, turn"):
         resolve_rule("low", calibrated=True)
 
 

@@ -61,7 +61,8 @@ def test_plan_counts_the_partial_rope_rows(tmp_path) -> None:
         ({"mla_rope_dims": -2}, "mla_rope_dims=-2 must be an even number >= 0"),
         ({"mla_rope_dims": 4, "attention": "gqa", "kv_head_groups": 1}, "applies to attention='mla' only"),
         ({"mla_rope_dims": 4, "mla_rope_pairs": "norm"}, "set conversion_calibration"),
-        ({"mla_rope_pairs": "low"}, "choose one of auto, high, norm"),
+        ({"mla_rope_dims": 4, "mla_rope_pairs": "turn"}, "set conversion_calibration"),
+        ({"mla_rope_pairs": "low"}, "choose one of auto, high, norm, turn"),
     ],
 )
 def test_bad_mla_rope_settings_are_refused(fields, message) -> None:

@@ -72,7 +72,8 @@ class EngineConfig:
     )  # fmt: skip
     mla_rope_pairs: str = knob(
         "auto", "mla_rope_dims: which rotate-half pairs keep RoPE: high (highest frequencies), norm (largest "
-        "q/k 2-norm on conversion_calibration), auto (norm when calibrated, else high)", choices=MLA_ROPE_PAIRS,
+        "q/k 2-norm on conversion_calibration), turn (norm x how far RoPE turns the pair over the context), "
+        "auto (turn when calibrated, else high)", choices=MLA_ROPE_PAIRS,
     )  # fmt: skip
     disable_mla: bool = knob(False, "serve the original attention (DeepSeek: no absorbed decode)")
     conversion_calibration: str | None = knob(

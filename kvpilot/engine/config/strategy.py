@@ -57,7 +57,7 @@ QUANTISED = ("int8", "fp8")
 _CANONICAL = {"bf16": "bfloat16", "fp16": "float16"}
 _SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 EVICTION_MODES = ("none", "sinks", "ladder")
-MLA_ROPE_PAIRS = ("auto", "high", "norm")  # strategies/mla/rope_select.py
+MLA_ROPE_PAIRS = ("auto", "high", "norm", "turn")  # strategies/mla/rope_select.py
 AUTO_QUANT_DTYPE = "int8"  # the 8-bit pool of kv_cache_dtype=auto (per-token scales: no calibration)
 
 
@@ -262,8 +262,10 @@ def check_mla_rope(config: EngineConfig) -> None:
             f"mla_rope_dims={dims} must be an even number >= 0 (RoPE rotates dims in pairs), or unset for RoPE on "
             "every dim"
         )
-    if config.mla_rope_pairs == "norm" and config.conversion_calibration is None:
-        raise ValueError("mla_rope_pairs='norm' scores pairs on calibration text: set conversion_calibration")
+    if config.mla_rope_pairs in ("norm", "turn") and config.conversion_calibration is None:
+        raise ValueError(
+            f"mla_rope_pairs={config.mla_rope_pairs!r} scores pairs on calibration text: set conversion_calibration"
+        )
 
 
 def check_mla_rope_model(config: EngineConfig, model_config: ModelConfig) -> None:

@@ -111,7 +111,12 @@ def convert_to_mla(
     `rope_dims`: None keeps RoPE on every dim (this module); R keeps it on R dims per KV head, chosen by
     `pair_rule` (rope_select.py), and serves strategies/mla/partial.py (absorbed decode)."""
     from kvpilot.engine.strategies.mla.partial import PartialRopeMlaAttention
-    from kvpilot.engine.strategies.mla.rope_select import high_frequency_pairs, norm_pairs, resolve_rule
+    from kvpilot.engine.strategies.mla.rope_select import (
+        high_frequency_pairs,
+        norm_pairs,
+        resolve_rule,
+        turn_pairs,
+    )
 
     layers = model.model.layers
     if not all(isinstance(layer.self_attn, LlamaAttention) for layer in layers):
@@ -124,12 +129,16 @@ def convert_to_mla(
         x = None if inputs is None else inputs[index]
         pairs = None
         if rope_dims is not None:
-            if rule == "norm":
+            if rule in ("norm", "turn"):
                 assert x is not None
                 xf = x.to(src.q_proj.weight.device).float()
                 q = F.linear(xf, src.q_proj.weight.float(), _float(src.q_proj.bias)).view(-1, src.num_heads, src.head_dim)
-                k = F.linear(xf, src.k_proj.weight.float(), _float(src.k_proj.bias))
-                pairs = norm_pairs(q, k.view(-1, src.num_kv_heads, src.head_dim), rope_dims).cpu()
+                k = F.linear(xf, src.k_proj.weight.float(), _float(src.k_proj.bias)).view(-1, src.num_kv_heads, src.head_dim)
+                if rule == "norm":
+                    pairs = norm_pairs(q, k, rope_dims).cpu()
+                else:  # turned over the longest context served
+                    length = model.config.max_position_embeddings
+                    pairs = turn_pairs(q, k, rope_dims, src.rotary_emb.inv_freq, length).cpu()
             else:
                 pairs = high_frequency_pairs(src.num_kv_heads, rope_dims)
         conv = factorize_kv(
