@@ -59,6 +59,12 @@ def strategies(heads_kv: int, head_dim: int, length: int, calibration: str | Non
           "mla_rope_pairs": rule, **extra})
         for rope in (head_dim // 8, head_dim // 4) if ranks[1] > heads_kv * rope
     ]  # fmt: skip
+    # and the exact-RoPE conversion at each partial-RoPE row's cached width (r = d/4 + Hkv x R)
+    out += [
+        (f"mla-matched r={ranks[1] + heads_kv * rope} (width of mla-rope{rope} r={ranks[1]})",
+         {"attention": "mla", "latent_rank": ranks[1] + heads_kv * rope, **extra})
+        for rope in (head_dim // 8, head_dim // 4, head_dim // 2)
+    ]  # fmt: skip
     out += [(f"linear (Performer, window {w})", {"attention": "linear", "linear_window": w}) for w in (64, 16)]
     out += [
         (f"eviction sinks 16 + window {window}", {"eviction": "sinks", "eviction_sinks": 16, "eviction_window": window}),

@@ -32,3 +32,34 @@ def test_triton_path_matches_torch_path(lens, kv_heads, group, rope, splits) -> 
     got = latent_attention_triton(q_lat, q_rope, cache, tables, context, 0.3, kv_heads, splits)
     assert got.shape == want.shape == (len(lens), heads, rank)
     assert rel_err(got, want) < 1e-5
+
+
+def test_engine_decodes_the_same_through_the_kernel(tmp_path, monkeypatch) -> None:
+    """The engine's decode on KVPILOT_KERNELS=triton (every kernel in the interpreter; the engine passes
+    its own int32 block tables and context lengths) gives the torch backend's greedy tokens."""
+    from kvpilot.engine.llm import LLM
+    from kvpilot.engine.sampling_params import SamplingParams
+    from kvpilot.engine.strategies.mla import partial
+    from tests.helpers.models import build_hf_checkpoint
+
+    path = build_hf_checkpoint(tmp_path / "llama", "llama", seed=2, num_key_value_heads=2)
+    prompts = [[5, 9, 33, 7, 100, 21, 3, 17, 45, 8, 9], [11, 12, 13]]
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return latent_attention_triton(*args, **kwargs)
+
+    monkeypatch.setattr(partial, "latent_attention_triton", counted)
+
+    def generate(backend: str) -> list[list[int]]:
+        monkeypatch.setenv("KVPILOT_KERNELS", backend)
+        llm = LLM(str(path), show_progress=False, attention="mla", latent_rank=20, mla_rope_dims=6,
+                  num_kv_blocks=16, block_size=8)  # fmt: skip
+        params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        return [o["token_ids"] for o in llm.generate(prompts, params)]
+
+    want = generate("torch")
+    assert not calls
+    assert generate("triton") == want
+    assert len(calls) == 2 * 5  # 2 layers x 5 decode steps
