@@ -52,6 +52,8 @@ def test_plan_counts_the_partial_rope_rows(tmp_path) -> None:
     plain, _, _ = _prepare_for(tmp_path, "--attention", "mla", "--latent-rank", "16")
     assert rope.mla_rope_dims == 4 and rope.mla_rope_pairs == "auto"
     assert rope.num_kv_blocks == plain.num_kv_blocks
+    _, settings, _ = _prepare_for(tmp_path, "--attention", "mla", "--latent-rank", "8", "--mla-rope-dims", "4")
+    assert settings.strategy == "mla8rope4-fp32"
 
 
 @pytest.mark.parametrize(

@@ -141,12 +141,13 @@ def served_model_config(config: EngineConfig, model_config: ModelConfig) -> Mode
 
 
 def strategy_label(config: EngineConfig, model_dtype: str) -> str:
-    """X-Model-Strategy default: attention (with its parameter) and KV dtype, e.g. `gqa4-int8`,
+    """X-Model-Strategy default: attention (with its parameter) and KV dtype, e.g. `gqa4-int8`, `mla64rope16-bf16`,
     `native-bf16`, `native-auto8` (16-bit/int8 switching). model_dtype: the cache dtype 'model' means."""
     attention = config.attention
+    rope = getattr(config, "mla_rope_dims", None)  # partial RoPE is another model: e.g. mla64rope16-bf16
     param = {
         "gqa": gqa_groups(config),
-        "mla": config.latent_rank,
+        "mla": None if config.latent_rank is None else f"{config.latent_rank}" + ("" if rope is None else f"rope{rope}"),
         "linear": config.linear_window,
     }
     if getattr(config, f"disable_{attention}", False):
