@@ -110,13 +110,8 @@ def convert_to_mla(
     `inputs`: each layer's calibration attention inputs (activation-aware factorisation, svd.py).
     `rope_dims`: None keeps RoPE on every dim (this module); R keeps it on R dims per KV head, chosen by
     `pair_rule` (rope_select.py), and serves strategies/mla/partial.py (absorbed decode)."""
-    from kvpilot.engine.strategies.mla.partial import PartialRopeMlaAttention
-    from kvpilot.engine.strategies.mla.rope_select import (
-        high_frequency_pairs,
-        norm_pairs,
-        resolve_rule,
-        turn_pairs,
-    )
+    from kvpilot.engine.strategies.mla.partial import PartialRopeMlaAttention, choose_pairs
+    from kvpilot.engine.strategies.mla.rope_select import resolve_rule
 
     layers = model.model.layers
     if not all(isinstance(layer.self_attn, LlamaAttention) for layer in layers):
@@ -128,19 +123,8 @@ def convert_to_mla(
         src = layer.self_attn
         x = None if inputs is None else inputs[index]
         pairs = None
-        if rope_dims is not None:
-            if rule in ("norm", "turn"):
-                assert x is not None
-                xf = x.to(src.q_proj.weight.device).float()
-                q = F.linear(xf, src.q_proj.weight.float(), _float(src.q_proj.bias)).view(-1, src.num_heads, src.head_dim)
-                k = F.linear(xf, src.k_proj.weight.float(), _float(src.k_proj.bias)).view(-1, src.num_kv_heads, src.head_dim)
-                if rule == "norm":
-                    pairs = norm_pairs(q, k, rope_dims).cpu()
-                else:  # turned over the longest context served
-                    length = model.config.max_position_embeddings
-                    pairs = turn_pairs(q, k, rope_dims, src.rotary_emb.inv_freq, length).cpu()
-            else:
-                pairs = high_frequency_pairs(src.num_kv_heads, rope_dims)
+        if rope_dims is not None and rule is not None:
+            pairs = choose_pairs(src, x, rope_dims, rule, model.config.max_position_embeddings)
         conv = factorize_kv(
             src.k_proj.weight.float(), src.v_proj.weight.float(), src.num_kv_heads, rank, rope_dims or 0,
             inputs=x, pairs=pairs,
@@ -155,7 +139,3 @@ def convert_to_mla(
         conversions.append(conv)
     model.latent_cache_width = layers[0].self_attn.attn.width
     return conversions
-
-
-def _float(t: torch.Tensor | None) -> torch.Tensor | None:
-    return None if t is None else t.float()

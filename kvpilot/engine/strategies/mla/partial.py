@@ -29,7 +29,28 @@ from kvpilot.engine.strategies.mla.absorbed import (
 )
 from kvpilot.engine.strategies.mla.attention import ConvertedMlaAttention
 from kvpilot.engine.strategies.mla.decode import DecodePlanner
+from kvpilot.engine.strategies.mla.rope_select import high_frequency_pairs, norm_pairs, turn_pairs
 from kvpilot.engine.strategies.mla.svd import MlaConversion
+
+
+@torch.no_grad()
+def choose_pairs(src: LlamaAttention, x: torch.Tensor | None, rope_dims: int, rule: str, length: int) -> torch.Tensor:
+    """The rotate-half pairs [Hkv, rope_dims/2] each KV head keeps RoPE on, by `rule` (rope_select.py;
+    resolved: high, norm or turn); norm and turn score the layer's calibration inputs x [T, hidden],
+    turn over distances up to `length` (the longest context served)."""
+    if rule == "high":
+        return high_frequency_pairs(src.num_kv_heads, rope_dims)
+    assert x is not None, f"mla_rope_pairs={rule!r} needs calibration inputs"
+    xf = x.to(src.q_proj.weight.device).float()
+    q = F.linear(xf, src.q_proj.weight.float(), _float(src.q_proj.bias)).view(-1, src.num_heads, src.head_dim)
+    k = F.linear(xf, src.k_proj.weight.float(), _float(src.k_proj.bias)).view(-1, src.num_kv_heads, src.head_dim)
+    if rule == "norm":
+        return norm_pairs(q, k, rope_dims).cpu()
+    return turn_pairs(q, k, rope_dims, src.rotary_emb.inv_freq, length).cpu()
+
+
+def _float(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.float()
 
 
 class PartialRopeMlaAttention(ConvertedMlaAttention):
