@@ -5,11 +5,17 @@ Random bf16 checkpoints with a few layers (dense MLPs: the MoE is plain torch an
   no q_lora; KV bytes per token and decode tokens/s, absorbed (mla_decode kernel) vs unabsorbed.
 - Llama-3-8B attention shapes (hidden 4096, 32 heads, 8 KV heads of 128): exact vs MLA conversion at
   several latent ranks (KV bytes per token, decode tokens/s; the conversion decompresses the context's
-  keys every step (V is absorbed), so it is expected to be slower: its gain is memory).
+  keys every step (V is absorbed), so it is expected to be slower: its gain is memory); and the
+  partial-RoPE conversion (`mla_rope_dims`, `--rope-dims`, default 16) whose decode is absorbed on both
+  sides through the mla_decode kernel (strategies/mla/absorbed.py). The converted engines decode
+  eagerly (no CUDA graphs for latent caches, worker/cuda_graphs.py), so exact attention is also timed
+  with `enforce_eager` ("exact eager") to separate the graphs' share from the attention's.
 
 Decode tokens/s = (B x N) / (time(prompt + N tokens) - time(prompt + 1 token)), B sequences at once.
 
     python bench/bench_mla_engine.py --device cuda --layers 4 --batch 64 --prompt 2048 --new 64
+    python bench/bench_mla_engine.py --device cuda --layers 4 --batch 64 --prompt 8192 --new 64 --ranks 256 \
+        --rope-dims 16,32 --skip-deepseek       # long context: exact vs absorbed partial RoPE
     python bench/bench_mla_engine.py --device cpu --tiny          # smoke test of the script itself
 """
 
@@ -59,7 +65,8 @@ def build(kind: str, out: Path, layers: int, tiny: bool) -> Path:
 def decode_rate(path: Path, device: str, batch: int, prompt: int, new: int, **engine: object) -> dict:
     llm = LLM(str(path), device=device, dtype="bfloat16" if device != "cpu" else "float32",
               show_progress=False, max_num_seqs=batch, max_num_batched_tokens=max(4096, prompt),
-              num_kv_blocks=batch * ((prompt + new) // 16 + 2), **engine)  # fmt: skip
+              num_kv_blocks=batch * ((prompt + new) // 16 + 2), fallback_reserve=0.0, validation_sample_rate=0.0,
+              **engine)  # fmt: skip  (no reserve, no validation: pure decode; every block a latent block)
     prompts = [[3 + (i * 7 + j) % 300 for j in range(prompt)] for i in range(batch)]
 
     def timed(n: int) -> float:
@@ -90,29 +97,38 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=2048)
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--ranks", default="256,512,1024")
+    parser.add_argument("--rope-dims", default="16", help="partial-RoPE rows: mla_rope_dims values ('' for none)")
+    parser.add_argument("--skip-deepseek", action="store_true", help="only the Llama rows")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (checks the script on CPU)")
     args = parser.parse_args()
     if args.tiny:
-        args.batch, args.prompt, args.new, args.ranks = 2, 24, 4, "16,64"
+        args.batch, args.prompt, args.new, args.ranks, args.rope_dims = 2, 24, 4, "16,48", "4"
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        ds = build("deepseek", Path(tmp) / "ds", args.layers, args.tiny)
-        for absorbed in (True, False):
-            r = decode_rate(ds, args.device, args.batch, args.prompt, args.new, disable_mla=not absorbed)
-            rows.append(
-                {"model": "deepseek-v2-lite-attn", "path": "absorbed" if absorbed else "unabsorbed", **r}
-            )
+        if not args.skip_deepseek:
+            ds = build("deepseek", Path(tmp) / "ds", args.layers, args.tiny)
+            for absorbed in (True, False):
+                r = decode_rate(ds, args.device, args.batch, args.prompt, args.new, disable_mla=not absorbed)
+                rows.append(
+                    {"model": "deepseek-v2-lite-attn", "path": "absorbed" if absorbed else "unabsorbed", **r}
+                )
         llama = build("llama", Path(tmp) / "llama", args.layers, args.tiny)
-        rows.append({"model": "llama3-8b-attn", "path": "exact",
-                     **decode_rate(llama, args.device, args.batch, args.prompt, args.new)})  # fmt: skip
+        for path, extra in (("exact", {}), ("exact eager", {"enforce_eager": True})):
+            rows.append({"model": "llama3-8b-attn", "path": path,
+                         **decode_rate(llama, args.device, args.batch, args.prompt, args.new, **extra)})  # fmt: skip
+        ropes = [int(x) for x in args.rope_dims.split(",") if x]
         for rank in (int(x) for x in args.ranks.split(",")):
             r = decode_rate(
                 llama, args.device, args.batch, args.prompt, args.new, attention="mla", latent_rank=rank
             )
             rows.append({"model": "llama3-8b-attn", "path": f"mla r={rank}", **r})
+            for rope in ropes:
+                r = decode_rate(llama, args.device, args.batch, args.prompt, args.new, attention="mla",
+                                latent_rank=rank, mla_rope_dims=rope)  # fmt: skip
+                rows.append({"model": "llama3-8b-attn", "path": f"mla r={rank} rope{rope}", **r})
     for row in rows:
         err = row["mla"]["reconstruction_error"]
-        print(f"{row['model']:22} {row['path']:12} {row['bytes_per_token']:>8} B/token "
+        print(f"{row['model']:22} {row['path']:18} {row['bytes_per_token']:>8} B/token "
               f"{row['decode_tokens_per_s']:>10.1f} tok/s" + (f"  err={err:.3f}" if err is not None else ""))  # fmt: skip
     print(json.dumps({"args": vars(args), "rows": rows}))
 

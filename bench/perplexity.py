@@ -57,6 +57,28 @@ def strategies(heads_kv: int, head_dim: int, length: int, calibration: str | Non
     out += [(f"mla r={r}", {"attention": "mla", "latent_rank": r}) for r in ranks]
     if calibration:
         out += [(f"mla r={r} calibrated", {"attention": "mla", "latent_rank": r, **calibrated}) for r in ranks]
+    # partial RoPE with absorbed decode (strategies/mla/partial.py) at r = d/4: R dims per KV head keep RoPE
+    # (with calibration text both rules use the activation-aware SVD: only the pairs differ)
+    rules = [("high", calibrated), ("norm", calibrated), ("turn", calibrated)] if calibration else [("high", {})]
+    out += [
+        (f"mla-rope{rope} r={ranks[1]} {rule}",
+         {"attention": "mla", "latent_rank": ranks[1], "mla_rope_dims": rope, "mla_rope_pairs": rule, **extra})
+        for rope in (head_dim // 8, head_dim // 4, head_dim // 2) for rule, extra in rules
+    ]  # fmt: skip
+    # the same cached width as r = d/4 (latent + Hkv x R rope rows): the memory-matched comparison
+    rule, extra = rules[-1]
+    out += [
+        (f"mla-rope{rope} r={ranks[1] - heads_kv * rope} {rule} (width d/4)",
+         {"attention": "mla", "latent_rank": ranks[1] - heads_kv * rope, "mla_rope_dims": rope,
+          "mla_rope_pairs": rule, **extra})
+        for rope in (head_dim // 8, head_dim // 4) if ranks[1] > heads_kv * rope
+    ]  # fmt: skip
+    # and the exact-RoPE conversion at each partial-RoPE row's cached width (r = d/4 + Hkv x R)
+    out += [
+        (f"mla-matched r={ranks[1] + heads_kv * rope} (width of mla-rope{rope} r={ranks[1]})",
+         {"attention": "mla", "latent_rank": ranks[1] + heads_kv * rope, **extra})
+        for rope in (head_dim // 8, head_dim // 4, head_dim // 2)
+    ]  # fmt: skip
     out += [(f"linear (Performer, window {w})", {"attention": "linear", "linear_window": w}) for w in (64, 16)]
     out += [
         (f"eviction sinks 16 + window {window}", {"eviction": "sinks", "eviction_sinks": 16, "eviction_window": window}),

@@ -81,3 +81,32 @@ def test_mla_conversion_full_rank_on_cuda(tmp_path, monkeypatch) -> None:
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_NEW))
     for prompt, out in zip(PROMPTS, outs, strict=True):
         assert_near_optimal(model, prompt, out["token_ids"])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_partial_rope_conversion_absorbed_on_cuda(tmp_path, monkeypatch, dtype: str) -> None:
+    """mla_rope_dims = head_dim at full rank reproduces the checkpoint; its decode runs the mla_decode
+    Triton kernel with a block-diagonal rope query (strategies/mla/absorbed.py)."""
+    import transformers
+
+    from kvpilot.engine.strategies.mla import absorbed
+
+    monkeypatch.delenv("KVPILOT_KERNELS", raising=False)
+    calls = []
+    kernel = absorbed.latent_attention_triton
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr("kvpilot.engine.strategies.mla.partial.latent_attention_triton", counted)
+    path = build_hf_checkpoint(tmp_path / "llama", "llama", seed=1, num_key_value_heads=2)  # head_dim 16
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+    llm = LLM(str(path), device="cuda", dtype=dtype, show_progress=False, num_kv_blocks=64,
+              attention="mla", latent_rank=32, mla_rope_dims=16, block_size=8)  # fmt: skip
+    mla = llm.engine.stats()["engine"]["mla"]
+    assert mla["absorbed_decode"] and mla["latent_width"] == 32 + 2 * 16
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_NEW))
+    assert calls, "decode did not go through the Triton kernel"
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        assert_near_optimal(model, prompt, out["token_ids"], LOGIT_TOL if dtype == "float32" else 0.1)

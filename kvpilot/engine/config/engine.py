@@ -12,9 +12,11 @@ from typing import Any
 from kvpilot.engine.config.strategy import (
     EVICTION_MODES,
     KV_CACHE_DTYPES,
+    MLA_ROPE_PAIRS,
     check_eviction_config,
     check_kv_strategy,
     check_linear_strategy,
+    check_mla_rope,
     check_tensor_parallel,
 )
 
@@ -63,6 +65,16 @@ class EngineConfig:
     kv_quant_auto_split: float = knob(0.5, "auto: share of the KV memory for 16-bit blocks")
     disable_kv_quant: bool = knob(False, "serve the 16-bit KV cache")
     latent_rank: int | None = knob(None, "mla: width of the SVD latent cached per token and layer")
+    mla_rope_dims: int | None = knob(
+        None, "mla conversion: dims per KV head that keep RoPE (even, <= head_dim); the others go through the "
+        "latent without RoPE, so decode absorbs W_UK/W_UV (MHA2MLA partial RoPE, an approximation); unset: "
+        "RoPE on every dim, decode decompresses the keys",
+    )  # fmt: skip
+    mla_rope_pairs: str = knob(
+        "auto", "mla_rope_dims: which rotate-half pairs keep RoPE: high (highest frequencies), norm (largest "
+        "q/k 2-norm on conversion_calibration), turn (norm x how far RoPE turns the pair over the context), "
+        "auto (turn when calibrated, else high)", choices=MLA_ROPE_PAIRS,
+    )  # fmt: skip
     disable_mla: bool = knob(False, "serve the original attention (DeepSeek: no absorbed decode)")
     conversion_calibration: str | None = knob(
         None, "gqa / mla: a text file whose first tokens calibrate the conversion (heads merged by key "
@@ -136,6 +148,7 @@ class EngineConfig:
         if self.latent_rank is not None and self.latent_rank < 1:
             raise ValueError(f"latent_rank must be >= 1 or None (a DeepSeek model's own kv_lora_rank), got {self.latent_rank}")
         check_linear_strategy(self)
+        check_mla_rope(self)
         if self.calibration_tokens < 16:
             raise ValueError(f"calibration_tokens must be >= 16, got {self.calibration_tokens}")
         check_tensor_parallel(self)

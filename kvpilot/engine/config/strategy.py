@@ -33,6 +33,8 @@ class EngineConfig(Protocol):
     kv_head_groups: int | None
     disable_gqa: bool
     latent_rank: int | None
+    mla_rope_dims: int | None
+    mla_rope_pairs: str
     disable_mla: bool
     disable_linear: bool
     linear_window: int
@@ -55,6 +57,7 @@ QUANTISED = ("int8", "fp8")
 _CANONICAL = {"bf16": "bfloat16", "fp16": "float16"}
 _SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 EVICTION_MODES = ("none", "sinks", "ladder")
+MLA_ROPE_PAIRS = ("auto", "high", "norm", "turn")  # strategies/mla/rope_select.py
 AUTO_QUANT_DTYPE = "int8"  # the 8-bit pool of kv_cache_dtype=auto (per-token scales: no calibration)
 
 
@@ -138,12 +141,13 @@ def served_model_config(config: EngineConfig, model_config: ModelConfig) -> Mode
 
 
 def strategy_label(config: EngineConfig, model_dtype: str) -> str:
-    """X-Model-Strategy default: attention (with its parameter) and KV dtype, e.g. `gqa4-int8`,
+    """X-Model-Strategy default: attention (with its parameter) and KV dtype, e.g. `gqa4-int8`, `mla64rope16-bf16`,
     `native-bf16`, `native-auto8` (16-bit/int8 switching). model_dtype: the cache dtype 'model' means."""
     attention = config.attention
+    rope = getattr(config, "mla_rope_dims", None)  # partial RoPE is another model: e.g. mla64rope16-bf16
     param = {
         "gqa": gqa_groups(config),
-        "mla": config.latent_rank,
+        "mla": None if config.latent_rank is None else f"{config.latent_rank}" + ("" if rope is None else f"rope{rope}"),
         "linear": config.linear_window,
     }
     if getattr(config, f"disable_{attention}", False):
@@ -244,6 +248,43 @@ def conversion_rank(config: EngineConfig, model_config: ModelConfig) -> int | No
     return config.latent_rank
 
 
+def check_mla_rope(config: EngineConfig) -> None:
+    """mla_rope_dims (partial-RoPE MLA conversion): even and >= 0, for attention='mla' only; `norm` pairs
+    need calibration text. Its bound by head_dim is checked with the checkpoint (check_model_strategy)."""
+    dims = config.mla_rope_dims
+    if config.mla_rope_pairs not in MLA_ROPE_PAIRS:
+        raise ValueError(f"mla_rope_pairs {config.mla_rope_pairs!r} is not a rule; choose one of {', '.join(MLA_ROPE_PAIRS)}")
+    if dims is None:
+        return
+    if config.attention != "mla":
+        raise ValueError(f"mla_rope_dims applies to attention='mla' only, not {config.attention!r}")
+    if dims < 0 or dims % 2:
+        raise ValueError(
+            f"mla_rope_dims={dims} must be an even number >= 0 (RoPE rotates dims in pairs), or unset for RoPE on "
+            "every dim"
+        )
+    if config.mla_rope_pairs in ("norm", "turn") and config.conversion_calibration is None:
+        raise ValueError(
+            f"mla_rope_pairs={config.mla_rope_pairs!r} scores pairs on calibration text: set conversion_calibration"
+        )
+
+
+def check_mla_rope_model(config: EngineConfig, model_config: ModelConfig) -> None:
+    """mla_rope_dims <= head_dim; DeepSeek checkpoints have their own RoPE split and refuse it."""
+    dims = config.mla_rope_dims
+    if dims is None or config.disable_mla:
+        return
+    if model_config.deepseek is not None:
+        raise ValueError(
+            f"mla_rope_dims={dims}: {model_config.family} already has its own RoPE split "
+            f"(qk_rope_head_dim={model_config.deepseek.qk_rope_head_dim}); leave mla_rope_dims unset"
+        )
+    if dims > model_config.head_dim:
+        raise ValueError(
+            f"mla_rope_dims={dims} exceeds head_dim={model_config.head_dim}; choose an even number in 0..{model_config.head_dim}"
+        )
+
+
 TP_FAMILIES = GQA_FAMILIES  # the Llama-architecture decoders have tensor-parallel layers
 
 
@@ -301,6 +342,7 @@ def check_model_strategy(config: EngineConfig, model_config: ModelConfig) -> Non
     """The checks that need the checkpoint's architecture; the runner calls this before any weight loads.
     The MLA latent cache is 16/32-bit: the 8-bit K/V formats (kernels/kv_quant) have no latent variant."""
     check_tensor_parallel_model(config, model_config)
+    check_mla_rope_model(config, model_config)
     kind = kv_cache_kind(config)
     mla = model_config.deepseek is not None or conversion_rank(config, model_config) is not None
     if mla and kind in ("int8", "fp8", "auto-switch"):

@@ -48,6 +48,15 @@ def device_memory(device: str, cpu_budget_bytes: int) -> GpuSpec:
     return GpuSpec(product="cpu-budget", memory_bytes=cpu_budget_bytes, cuda_context_bytes=0)
 
 
+def cached_latent_width(config: Any, raw: dict[str, Any]) -> int | None:
+    """The MLA conversion's cached row width: latent_rank, plus mla_rope_dims per KV head under partial RoPE
+    (those dims are cached exactly beside the latent, strategies/mla/partial.py)."""
+    rank, rope = getattr(config, "latent_rank", None), getattr(config, "mla_rope_dims", None)
+    if rank is None or not rope:
+        return rank
+    return rank + rope * int(raw.get("num_key_value_heads") or raw["num_attention_heads"])
+
+
 def plan_for(config: Any, device: str, cpu_budget_bytes: int, watermark: float) -> CapacityPlan:
     raw = json.loads((Path(config.model) / "config.json").read_text())
     max_seq_len = config.max_model_len or int(raw.get("max_position_embeddings") or 4096)
@@ -62,7 +71,7 @@ def plan_for(config: Any, device: str, cpu_budget_bytes: int, watermark: float) 
     strategy = KVStrategy(
         attention=attention,
         kv_head_groups=groups,
-        latent_rank=getattr(config, "latent_rank", None) if attention == "mla" else None,
+        latent_rank=cached_latent_width(config, raw) if attention == "mla" else None,
         kv_cache_dtype=_PLANNER_KV_DTYPE.get(kv_dtype, kv_dtype),
         block_size=config.block_size,
         fallback_reserve=getattr(config, "fallback_reserve", 0.0),  # the engine's reserve (planner/pools.py)

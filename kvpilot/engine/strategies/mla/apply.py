@@ -7,6 +7,9 @@
   reports it in the stats feed's `engine.mla` section; `disable_mla` serves the original attention.
   Its decode absorbs W_UV but decompresses K (RoPE rotates every key dim), so the feed's
   `absorbed_decode`, which means both sides absorbed, stays false for it.
+- With `mla_rope_dims=R` the conversion keeps RoPE on R dims per KV head only (cached exactly beside
+  the latent: row width r + Hkv x R) and drops it on the factorised dims, so decode absorbs both
+  W_UK and W_UV (strategies/mla/partial.py, absorbed.py) and `absorbed_decode` is true.
 """
 
 from __future__ import annotations
@@ -74,15 +77,17 @@ def apply_mla(model: nn.Module, config: EngineConfig, model_config: ModelConfig)
     ids = calibration_tokens(config)  # activation-aware factorisation on calibration text (svd.py)
     device = next(model.parameters()).device
     inputs = None if ids is None else attention_inputs(model, ids, list(range(len(model.model.layers))), device)
-    convs = convert_to_mla(model, rank, inputs)
+    rope_dims = config.mla_rope_dims
+    convs = convert_to_mla(model, rank, inputs, rope_dims, config.mla_rope_pairs)
     state = MlaState(
-        "converted", rank, False, rank,
+        "converted", model.latent_cache_width, rope_dims is not None, rank,
         tuple(c.error_k for c in convs), tuple(c.error_v for c in convs), tuple(c.error for c in convs),
     )  # fmt: skip
     stats = state.stats()
+    rope = "RoPE on every dim" if rope_dims is None else f"RoPE on {rope_dims} dims per KV head, absorbed decode"
     log.warning(
-        "mla conversion latent_rank=%d over %d layers (%s): relative K/V weight reconstruction error mean "
-        "%.4f, max %.4f (K %.4f, V %.4f)", rank, len(convs),
+        "mla conversion latent_rank=%d (%s) over %d layers (%s): relative K/V weight reconstruction error mean "
+        "%.4f, max %.4f (K %.4f, V %.4f)", rank, rope, len(convs),
         "plain SVD" if ids is None else f"activation-aware on {len(ids)} calibration tokens",
         stats["reconstruction_error"],
         stats["reconstruction_error_max"], stats["reconstruction_error_k"], stats["reconstruction_error_v"],

@@ -54,16 +54,24 @@ class ConvertedMlaAttention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
         q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        q, _ = self.rotary_emb(positions, q, q[:, :1])
+        q_rot, _ = self.rotary_emb(positions, q, q[:, :1])
         if self.force_exact:  # dense recompute with the checkpoint's own K/V (validation)
-            o = self.attn(q, x, positions, self._expand_exact)
+            o = self.attn(q_rot, x, positions, self._expand_exact)
         elif getattr(self.attn, "first_latent", 0) and not get_context().dense:  # a fallback reserve beside
             o = attend_with_reserve(
-                q, x, positions, self.attn, self._expand_exact, self._latent, self.attn.kv_cache.shape[1]
+                q_rot, x, positions, self.attn, self._expand_exact, self._reserve_latent, self.attn.kv_cache.shape[1]
             )
         else:
-            o = self._latent(q, x, positions)
+            o = self._serve(q, q_rot, x, positions)
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
+
+    def _serve(self, q: torch.Tensor, q_rot: torch.Tensor, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The conversion's attention for query q before (q) and after RoPE (q_rot); here every dim rotates."""
+        return self._latent(q_rot, x, positions)
+
+    def _reserve_latent(self, q_rot: torch.Tensor, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The conversion's part of a step beside the fallback reserve, given the rotated query."""
+        return self._latent(q_rot, x, positions)
 
     def _latent(self, q: torch.Tensor, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         decode = self._decode if self.batched_decode else None
@@ -94,24 +102,40 @@ class ConvertedMlaAttention(nn.Module):
 
 
 @torch.no_grad()
-def convert_to_mla(model: nn.Module, rank: int, inputs: dict[int, torch.Tensor] | None = None) -> list[MlaConversion]:
+def convert_to_mla(
+    model: nn.Module, rank: int, inputs: dict[int, torch.Tensor] | None = None, rope_dims: int | None = None,
+    pair_rule: str = "auto",
+) -> list[MlaConversion]:
     """Factorise every layer's K/V projections to a rank-`rank` shared latent, in place; one report each.
-    `inputs`: each layer's calibration attention inputs (activation-aware factorisation, svd.py)."""
+    `inputs`: each layer's calibration attention inputs (activation-aware factorisation, svd.py).
+    `rope_dims`: None keeps RoPE on every dim (this module); R keeps it on R dims per KV head, chosen by
+    `pair_rule` (rope_select.py), and serves strategies/mla/partial.py (absorbed decode)."""
+    from kvpilot.engine.strategies.mla.partial import PartialRopeMlaAttention, choose_pairs
+    from kvpilot.engine.strategies.mla.rope_select import resolve_rule
+
     layers = model.model.layers
     if not all(isinstance(layer.self_attn, LlamaAttention) for layer in layers):
         raise ValueError("MLA conversion needs a Llama-style model (q/k/v/o projections); this one has none")
+    rule = resolve_rule(pair_rule, inputs is not None) if rope_dims is not None else None
     conversions: list[MlaConversion] = []
     planners: list[DecodePlanner] = []
     for index, layer in enumerate(layers):
         src = layer.self_attn
         x = None if inputs is None else inputs[index]
-        conv = factorize_kv(src.k_proj.weight.float(), src.v_proj.weight.float(), src.num_kv_heads, rank, inputs=x)
+        pairs = None
+        if rope_dims is not None and rule is not None:
+            pairs = choose_pairs(src, x, rope_dims, rule, model.config.max_position_embeddings)
+        conv = factorize_kv(
+            src.k_proj.weight.float(), src.v_proj.weight.float(), src.num_kv_heads, rank, rope_dims or 0,
+            inputs=x, pairs=pairs,
+        )  # fmt: skip
         inv_freq = src.rotary_emb.inv_freq
         planner = next((p for p in planners if torch.equal(p.inv_freq, inv_freq)), None)
         if planner is None:  # one per distinct RoPE (all layers of these families share one)
             planner = DecodePlanner(inv_freq)
             planners.append(planner)
-        layer.self_attn = ConvertedMlaAttention(src, conv, planner)
+        cls = ConvertedMlaAttention if rope_dims is None else PartialRopeMlaAttention
+        layer.self_attn = cls(src, conv, planner)
         conversions.append(conv)
-    model.latent_cache_width = rank
+    model.latent_cache_width = layers[0].self_attn.attn.width
     return conversions

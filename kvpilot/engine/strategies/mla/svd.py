@@ -3,9 +3,11 @@
 W = [W_K(nope rows); W_V] [out, hidden] = U S V^T; keep r: down = V_r^T [r, hidden] (shared, the
 cached latent is c = down x), up = U_r S_r, split into up_K and up_V. Truncated SVD is the best rank-r
 approximation in Frobenius norm (Eckart-Young), so the error falls monotonically with r and is zero
-at full rank. RoPE: `rope_dims` dims per head (the highest-frequency pairs, MHA2MLA's choice) stay
-un-factorised and are cached exactly, post-RoPE; see docs/strategies.md for how the engine applies
-RoPE to the reconstructed dims.
+at full rank. RoPE: `rope_dims` dims per KV head (whole rotate-half pairs (i, i + D/2): by default
+the highest-frequency ones, or per head those `pairs` picks, strategies/mla/rope_select.py) stay
+un-factorised and are cached exactly, post-RoPE; the others go through the latent. See
+docs/strategies.md for the two ways the engine uses this (exact RoPE on every dim, or partial RoPE
+with absorbed decode).
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ class MlaConversion:
     down: torch.Tensor  # [r, hidden]: latent c = down @ x, cached per token
     up_k: torch.Tensor  # [Hkv * (D - rope_dims), r]: factorised key dims
     up_v: torch.Tensor  # [Hkv * Dv, r]
-    k_rope: torch.Tensor  # [Hkv * rope_dims, hidden]: exact key rows kept for RoPE
-    rope_index: torch.Tensor  # [rope_dims] dims of each head kept exact
-    nope_index: torch.Tensor  # [D - rope_dims] dims of each head factorised
+    k_rope: torch.Tensor  # [Hkv * rope_dims, hidden]: exact key rows kept for RoPE, head by head
+    rope_index: torch.Tensor  # [Hkv, rope_dims] dims of each KV head kept exact: [pairs ; pairs + D/2]
+    nope_index: torch.Tensor  # [Hkv, D - rope_dims] dims of each KV head factorised, ascending
     rank: int
     error_k: float
     error_v: float
@@ -37,12 +39,29 @@ class MlaConversion:
         )
 
 
-def rope_keep_index(head_dim: int, rope_dims: int) -> torch.Tensor:
-    """Dims kept exact: the rope_dims/2 highest-frequency rotate_half pairs (i, i + D/2)."""
+def check_rope_dims(head_dim: int, rope_dims: int) -> None:
+    """rope_dims keeps whole rotate-half pairs: even, within 0..head_dim."""
     if rope_dims % 2 or not 0 <= rope_dims <= head_dim:
         raise ValueError(f"rope_dims={rope_dims} must be even and within 0..head_dim={head_dim}")
-    half = rope_dims // 2
-    return torch.cat([torch.arange(half), head_dim // 2 + torch.arange(half)])
+
+
+def rope_keep_index(head_dim: int, rope_dims: int) -> torch.Tensor:
+    """Dims kept exact: the rope_dims/2 highest-frequency rotate_half pairs (i, i + D/2)."""
+    check_rope_dims(head_dim, rope_dims)
+    return pair_dims(torch.arange(rope_dims // 2), head_dim)
+
+
+def pair_dims(pairs: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Pair indices [..., P] (each < D/2) -> their dims [..., 2P] as [pairs ; pairs + D/2]: a vector of
+    rotate-half layout of its own, rotated by the pairs' frequencies."""
+    return torch.cat([pairs, pairs + head_dim // 2], dim=-1)
+
+
+def complement(index: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Per row of index [Hkv, R], the other dims of 0..head_dim-1, ascending: [Hkv, D - R]."""
+    mask = torch.ones(index.shape[0], head_dim, dtype=torch.bool)
+    mask.scatter_(1, index, False)
+    return torch.arange(head_dim).expand(index.shape[0], -1)[mask].view(index.shape[0], -1)
 
 
 def _relative_error(w: torch.Tensor, w_hat: torch.Tensor) -> float:
@@ -62,19 +81,28 @@ def whitening(inputs: torch.Tensor, damping: float = 1e-4) -> torch.Tensor:
 
 def factorize_kv(
     w_k: torch.Tensor, w_v: torch.Tensor, num_kv_heads: int, rank: int, rope_dims: int = 0,
-    inputs: torch.Tensor | None = None,
+    inputs: torch.Tensor | None = None, pairs: torch.Tensor | None = None,
 ) -> MlaConversion:
     """w_k [Hkv*D, hidden], w_v [Hkv*Dv, hidden] -> shared-latent factorisation of rank `rank` (fp32).
 
     `inputs` [T, hidden]: calibration activations of the layer; the factorisation then minimises the
-    error of the K/V the layer produces on them rather than of the weights (`whitening`)."""
+    error of the K/V the layer produces on them rather than of the weights (`whitening`).
+    `pairs` [Hkv, rope_dims/2]: the rotate-half pairs each KV head keeps exact (default: the
+    highest-frequency ones, 0..rope_dims/2-1, for every head)."""
     head_dim = w_k.shape[0] // num_kv_heads
     if w_k.shape[0] != num_kv_heads * head_dim or w_v.shape[0] % num_kv_heads:
         raise ValueError(f"K/V rows {w_k.shape[0]}, {w_v.shape[0]} are not multiples of Hkv={num_kv_heads}")
-    keep = rope_keep_index(head_dim, rope_dims)
-    nope = torch.tensor([d for d in range(head_dim) if d not in set(keep.tolist())], dtype=torch.long)
+    check_rope_dims(head_dim, rope_dims)
+    if pairs is None:
+        pairs = torch.arange(rope_dims // 2).expand(num_kv_heads, -1)
+    if pairs.shape != (num_kv_heads, rope_dims // 2) or (pairs.numel() and not 0 <= int(pairs.min()) <= int(
+        pairs.max()) < head_dim // 2):  # fmt: skip
+        raise ValueError(f"pairs must be [Hkv={num_kv_heads}, {rope_dims // 2}] indices below {head_dim // 2}")
+    keep = pair_dims(pairs.sort(dim=1).values.long(), head_dim)  # [Hkv, R]
+    nope = complement(keep, head_dim)  # [Hkv, D - R]
     wk = w_k.double().reshape(num_kv_heads, head_dim, -1)
-    w_k_nope = wk[:, nope].reshape(-1, w_k.shape[1])
+    heads = torch.arange(num_kv_heads)[:, None]
+    w_k_nope = wk[heads, nope].reshape(-1, w_k.shape[1])
     joint = torch.cat([w_k_nope, w_v.double()])
     max_rank = min(joint.shape)
     if not 1 <= rank <= max_rank:
@@ -95,7 +123,7 @@ def factorize_kv(
         down=down.float(),
         up_k=up[:n_k].float(),
         up_v=up[n_k:].float(),
-        k_rope=wk[:, keep].reshape(-1, w_k.shape[1]).float(),
+        k_rope=wk[heads, keep].reshape(-1, w_k.shape[1]).float(),
         rope_index=keep,
         nope_index=nope,
         rank=rank,
@@ -107,11 +135,12 @@ def factorize_kv(
 
 def reconstruct_k(conv: MlaConversion, num_kv_heads: int) -> torch.Tensor:
     """The approximate W_K [Hkv*D, hidden]: exact RoPE rows and up_k @ down elsewhere, in head order."""
-    head_dim = len(conv.rope_index) + len(conv.nope_index)
+    head_dim = conv.rope_index.shape[1] + conv.nope_index.shape[1]
     hidden = conv.down.shape[1]
     w = torch.empty(num_kv_heads, head_dim, hidden)
-    w[:, conv.nope_index] = (conv.up_k @ conv.down).reshape(num_kv_heads, -1, hidden)
-    w[:, conv.rope_index] = conv.k_rope.reshape(num_kv_heads, -1, hidden)
+    heads = torch.arange(num_kv_heads)[:, None]
+    w[heads, conv.nope_index] = (conv.up_k @ conv.down).reshape(num_kv_heads, -1, hidden)
+    w[heads, conv.rope_index] = conv.k_rope.reshape(num_kv_heads, -1, hidden)
     return w.reshape(num_kv_heads * head_dim, hidden)
 
 
