@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 import yaml
-from test_operator import Kubectl, OperatorProcess
 
 from tests.harness.chart import CHART, REPO, documents, find, helm, helm_binary, token_kubeconfig
 from tests.harness.cluster import wait_for
+from tests.harness.operator import Kubectl, OperatorProcess
 
 pytestmark = pytest.mark.cluster
 

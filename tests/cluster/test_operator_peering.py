@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_operator import REPO, Kubectl, OperatorProcess, manifest
 
 from tests.harness.cluster import k8s_api_client, unique_namespace, wait_for
+from tests.harness.operator import REPO, Kubectl, OperatorProcess, manifest
 
 pytestmark = pytest.mark.cluster
 
