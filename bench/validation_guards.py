@@ -33,12 +33,13 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=16)
     parser.add_argument("--reserve", type=float, default=0.1)
     parser.add_argument("--only", help="comma-separated label prefixes (default: all)")
+    parser.add_argument("--calibration", help="a text file (not held out): adds the calibrated GQA/MLA conversions")
     args = parser.parse_args()
     raw = json.loads((args.model / "config.json").read_text())
     heads_kv = int(raw.get("num_key_value_heads") or raw["num_attention_heads"])
     head_dim = int(raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"])
     print("| strategy | checks | fallbacks | unrecovered | lowest cosine (last of each step) | reserve blocks |\n|---|---|---|---|---|---|")
-    for label, overrides in strategies(heads_kv, head_dim, 4 * args.prompt_length):
+    for label, overrides in strategies(heads_kv, head_dim, 4 * args.prompt_length, args.calibration):
         if label == "native" or (args.only and not any(label.startswith(p) for p in args.only.split(","))):
             continue
         engine = LLMEngine(EngineConfig(

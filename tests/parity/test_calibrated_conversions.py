@@ -102,8 +102,8 @@ def test_calibrated_mla_conversion_serves_and_reports_it(twin_heads, calibration
 
 
 def test_weighted_merges_reduce_to_the_mean_and_follow_their_weights():
-    from kvpilot.engine.strategies.gqa.calibrate import merge_keys, merge_values
     from kvpilot.engine.strategies.gqa.convert import mean_pool_heads
+    from kvpilot.engine.strategies.gqa.merge import merge_keys, merge_values
 
     gen = torch.Generator().manual_seed(1)
     heads, d, hidden = 4, 8, 16

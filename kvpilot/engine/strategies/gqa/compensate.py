@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kvpilot.engine.strategies.gqa.merge import merge_keys, merge_values
+
 MIN_FACTOR = 1e-3  # |d| floor relative to its head's mean: keys divided by d stay finite on the exact paths
 
 
@@ -195,7 +197,6 @@ def compensate_layer(attn: torch.nn.Module, original: dict[str, torch.Tensor], x
     in q_proj / o_proj; the layer's weights are set and the compensation is returned (and kept on the
     layer as `gqa_compensation` for the exact paths). `keep_output`: keep the original o_proj (host) for
     the fallback reserve."""
-    from kvpilot.engine.strategies.gqa.calibrate import merge_keys, merge_values
 
     xb = torch.cat([x.double(), torch.ones(x.shape[0], 1, dtype=torch.float64, device=x.device)], dim=1)
     k_rows, v_rows = _with_bias(original, "k_proj"), _with_bias(original, "v_proj")

@@ -72,7 +72,7 @@ def apply_mla(model: nn.Module, config: EngineConfig, model_config: ModelConfig)
     if rank is None:
         return MlaState("off", None, False)
     from kvpilot.engine.strategies.calibration.capture import attention_inputs, calibration_tokens
-    from kvpilot.engine.strategies.mla.attention import convert_to_mla
+    from kvpilot.engine.strategies.mla.convert import convert_to_mla
 
     ids = calibration_tokens(config)  # activation-aware factorisation on calibration text (svd.py)
     device = next(model.parameters()).device
