@@ -111,7 +111,9 @@ def test_the_openai_client_reads_a_response(server: ServerProcess) -> None:
      ({"reasoning": {"effort": "low"}}, "reasoning", "reasoning"), ({"truncation": "auto"}, "truncation", "disabled"),
      ({"max_output_tokens": 100000}, "max_output_tokens", "maximum context length"),
      ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "strin"}}}}, "text.format",
-      "xgrammar cannot compile")],
+      "xgrammar cannot compile"),
+     ({"ignore_eos": "yes"}, "ignore_eos", "boolean"), ({"bad_words": ["x"]}, "bad_words", "logit_bias"),
+     ({"top_k": -5}, "top_k", "greater than or equal")],
 )  # fmt: skip
 def test_what_needs_storage_or_cannot_be_served_is_400(server: ServerProcess, extra: dict, param: str,
                                                        words: str) -> None:  # fmt: skip
@@ -119,3 +121,21 @@ def test_what_needs_storage_or_cannot_be_served_is_400(server: ServerProcess, ex
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and words in error["message"], error
+
+
+def test_vllm_sampling_extensions_act_as_in_chat(server: ServerProcess) -> None:
+    """guidellm sends ignore_eos and stop to /v1/responses for exact output lengths: they reach the
+    chat completion that serves the response, as vLLM's Responses endpoint takes them."""
+    body = {"input": "Hello", "max_output_tokens": 12, "temperature": 0.0, "ignore_eos": True, "min_tokens": 12}
+    result = post(server, "/v1/responses", body).json()
+    chat = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hello"}],
+                                                  "max_completion_tokens": 12, "temperature": 0.0, "ignore_eos": True,
+                                                  "min_tokens": 12}).json()  # fmt: skip
+    assert result["usage"]["output_tokens"] == 12 == chat["usage"]["completion_tokens"]
+    assert result["output"][0]["content"][0]["text"] == chat["choices"][0]["message"]["content"]
+    text = chat["choices"][0]["message"]["content"]
+    stop = next((text[i : i + 2] for i in range(1, len(text) - 1) if text[i : i + 2].strip()), None)
+    if stop is not None:  # a stop string taken from the known output ends the response before it
+        body["stop"] = [stop]
+        stopped = post(server, "/v1/responses", body).json()
+        assert stopped["output"][0]["content"][0]["text"] == text[: text.index(stop)]

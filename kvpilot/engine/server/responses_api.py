@@ -13,10 +13,11 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvpilot.engine.server.errors import APIError
 from kvpilot.engine.server.protocol import MAX_TEMPERATURE, SEED_LIMIT, ChatCompletionRequest, _Body
+from kvpilot.engine.server.vllm_extensions import REFUSED
 
 CHAT_TO_RESPONSES_PARAM = {"messages": "input", "max_completion_tokens": "max_output_tokens",
                            "max_tokens": "max_output_tokens", "response_format": "text.format"}  # fmt: skip
@@ -70,7 +71,20 @@ class TextConfig(_Body):
     format: dict[str, Any] | None = Field(default=None, description="{type: text | json_object | json_schema, ...}")
 
 
+# vLLM's sampling extensions, which clients (guidellm, vLLM's own benchmarks) also send to /v1/responses:
+# passed to the chat completion that serves the response, so they act exactly as they do there, and
+# the vLLM extensions chat refuses by name (vllm_extensions.REFUSED) are refused here too.
+SAMPLING_EXTENSIONS = (
+    "stop", "ignore_eos", "min_tokens", "stop_token_ids", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "logit_bias", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+    "structured_outputs", "guided_decoding_backend", "guided_whitespace_pattern", "chat_template_kwargs",
+    *REFUSED,
+)  # fmt: skip
+
+
 class ResponsesRequest(_Body):
+    model_config = ConfigDict(extra="allow", strict=True)  # the extensions above; other unknown fields are ignored
+
     model: str
     input: str | list[InputItem] = Field(description="A user message, or a list of message / function call items.")
     instructions: str | None = Field(default=None, description="A system message before the input.")
@@ -156,11 +170,15 @@ def to_chat(req: ResponsesRequest, stream: bool) -> ChatCompletionRequest:
         body["tool_choice"] = _tool_choice(req.tool_choice)
     if req.text is not None and req.text.format is not None:
         body["response_format"] = _response_format(req.text.format)
+    extensions = {k: v for k, v in (req.model_extra or {}).items() if k in SAMPLING_EXTENSIONS and v is not None}
+    body.update(extensions)
     try:
         return ChatCompletionRequest.model_validate(body)
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(p) for p in error["loc"])
+        if error["loc"] and error["loc"][0] in extensions:
+            raise APIError(400, f"{where}: {error['msg']}", param=str(error["loc"][0])) from exc
         raise APIError(400, f"input: {where}: {error['msg']}", param="input") from exc
 
 
