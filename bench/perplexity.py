@@ -34,12 +34,21 @@ GQA_STEPS = {
     "+ both sides": {"compensate": ("keys", "values"), "grouping": "merge"},
 }
 
+# the calibrated MLA conversion's steps (strategies/mla/convert.py), --mla-steps: convert_to_mla's arguments
+MLA_STEPS = {
+    "input side only": {"weighting": "input"},
+    "two-sided, keys x0.25": {"key_balance": 0.25},
+    "two-sided, keys x4": {"key_balance": 4.0},
+}
 
-def strategies(heads_kv: int, head_dim: int, length: int, calibration: str | None = None, gqa_steps: bool = False
-               ) -> list[tuple[str, dict[str, Any]]]:  # fmt: skip
+
+def strategies(heads_kv: int, head_dim: int, length: int, calibration: str | None = None, gqa_steps: bool = False,
+               mla_steps: bool = False) -> list[tuple[str, dict[str, Any]]]:  # fmt: skip
     """(label, EngineConfig overrides) for every strategy the engine offers; with a calibration text,
-    the GQA and MLA conversions also calibrated on it (heads by key similarity, activation-aware SVD);
-    with `gqa_steps`, calibrated GQA also without (part of) its compensation (key `gqa_calibrate`)."""
+    the GQA and MLA conversions also calibrated on it (heads by key similarity, activation-aware SVD
+    weighted by the layer's other side); with `gqa_steps` / `mla_steps`, calibrated GQA also without
+    (part of) its compensation (key `gqa_calibrate`), calibrated MLA also by other weightings (key
+    `mla_convert`)."""
     window = max(32, length // 4)
     out: list[tuple[str, dict[str, Any]]] = [("native", {})]
     out += [("int8 KV", {"kv_cache_dtype": "int8"}), ("fp8 KV", {"kv_cache_dtype": "fp8"})]
@@ -54,9 +63,14 @@ def strategies(heads_kv: int, head_dim: int, length: int, calibration: str | Non
                 out += [(f"gqa {g} calibrated, {step}", {**gqa, "gqa_calibrate": how})
                         for step, how in GQA_STEPS.items()]  # fmt: skip
             out.append((f"gqa {g} calibrated", gqa))
-    out += [(f"mla r={r}", {"attention": "mla", "latent_rank": r}) for r in ranks]
+    mla_ranks = (*ranks, head_dim * heads_kv // 8)
+    out += [(f"mla r={r}", {"attention": "mla", "latent_rank": r}) for r in mla_ranks]
     if calibration:
-        out += [(f"mla r={r} calibrated", {"attention": "mla", "latent_rank": r, **calibrated}) for r in ranks]
+        for r in mla_ranks:
+            mla = {"attention": "mla", "latent_rank": r, **calibrated}
+            if mla_steps:
+                out += [(f"mla r={r} calibrated, {step}", {**mla, "mla_convert": how}) for step, how in MLA_STEPS.items()]
+            out.append((f"mla r={r} calibrated", mla))
     # partial RoPE with absorbed decode (strategies/mla/partial.py) at r = d/4: R dims per KV head keep RoPE
     # (with calibration text both rules use the activation-aware SVD: only the pairs differ)
     rules = [("high", calibrated), ("norm", calibrated), ("turn", calibrated)] if calibration else [("high", {})]
@@ -88,17 +102,21 @@ def strategies(heads_kv: int, head_dim: int, length: int, calibration: str | Non
     return out
 
 
-def build_engine(config: EngineConfig, gqa_calibrate: dict[str, Any] | None = None) -> LLMEngine:
-    """The engine; with `gqa_calibrate`, calibrated GQA runs calibrate_gqa with those arguments (a
-    benchmark step, not an engine setting: the engine compensates both sides, grouped for it)."""
-    if gqa_calibrate is None:
-        return LLMEngine(config)
+def build_engine(config: EngineConfig, gqa_calibrate: dict[str, Any] | None = None,
+                 mla_convert: dict[str, Any] | None = None) -> LLMEngine:  # fmt: skip
+    """The engine; with `gqa_calibrate`, calibrated GQA runs calibrate_gqa with those arguments, with
+    `mla_convert`, the MLA conversion runs convert_to_mla with them (benchmark steps, not engine
+    settings: the engine compensates both GQA sides, grouped for it, and weights MLA two-sided)."""
     from functools import partial
     from unittest import mock
 
     from kvpilot.engine.strategies.gqa import calibrate
+    from kvpilot.engine.strategies.mla import convert
 
-    with mock.patch.object(calibrate, "calibrate_gqa", partial(calibrate.calibrate_gqa, **gqa_calibrate)):
+    with (
+        mock.patch.object(calibrate, "calibrate_gqa", partial(calibrate.calibrate_gqa, **(gqa_calibrate or {}))),
+        mock.patch.object(convert, "convert_to_mla", partial(convert.convert_to_mla, **(mla_convert or {}))),
+    ):
         return LLMEngine(config)
 
 
@@ -139,6 +157,8 @@ def main() -> None:
     parser.add_argument("--calibration", help="a text file (not held out) that calibrates extra GQA/MLA rows")
     parser.add_argument("--gqa-steps", action="store_true",
                         help="with --calibration: calibrated GQA also without its query/output compensation")
+    parser.add_argument("--mla-steps", action="store_true",
+                        help="with --calibration: calibrated MLA also input-side only and with other key/value balances")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3,
                         help="share of the GPU one strategy's engine may take (freed before the next)")
     args = parser.parse_args()
@@ -148,17 +168,18 @@ def main() -> None:
     windows: list[list[int]] | None = None
     rows: list[tuple[str, str, str, str]] = []
     base_ppl = None
-    for label, overrides in strategies(heads_kv, head_dim, args.length, args.calibration, args.gqa_steps):
+    for label, overrides in strategies(heads_kv, head_dim, args.length, args.calibration, args.gqa_steps,
+                                      args.mla_steps):
         if args.only and not any(label.startswith(p.strip()) for p in args.only.split(",")):
             continue
         start = time.perf_counter()
         try:
             overrides = dict(overrides)
-            how = overrides.pop("gqa_calibrate", None)
+            how, mla_how = overrides.pop("gqa_calibrate", None), overrides.pop("mla_convert", None)
             config = EngineConfig(model=str(args.model), device=args.device, show_progress=False,
                                   cpu_kv_cache_bytes=256 * 2**20,
                                   gpu_memory_utilization=args.gpu_memory_utilization, **overrides)  # fmt: skip
-            engine = build_engine(config, how)
+            engine = build_engine(config, how, mla_how)
         except (ValueError, NotImplementedError, RuntimeError) as exc:
             rows.append((label, "n/a", "", f"refused: {str(exc)[:90]}"))
             continue

@@ -3,7 +3,8 @@
 - DeepSeek-V2/V3 checkpoints always cache the latent; decode is absorbed through the mla_decode
   kernel, or, with `disable_mla`, decompressed like prefill (the checkpoint's own formulation).
 - `attention="mla"` with `latent_rank=r` on a Llama/Mistral/Qwen2 checkpoint factorises K/V by SVD
-  into a shared rank-r latent at load (strategies/mla/attention.py), logs the reconstruction error and
+  into a shared rank-r latent at load (strategies/mla/attention.py; with `conversion_calibration`
+  weighted by the inputs and by what the queries and o_proj make of K/V, weighting.py), logs the reconstruction error and
   reports it in the stats feed's `engine.mla` section; `disable_mla` serves the original attention.
   Its decode absorbs W_UV but decompresses K (RoPE rotates every key dim), so the feed's
   `absorbed_decode`, which means both sides absorbed, stays false for it.
@@ -88,7 +89,8 @@ def apply_mla(model: nn.Module, config: EngineConfig, model_config: ModelConfig)
     log.warning(
         "mla conversion latent_rank=%d (%s) over %d layers (%s): relative K/V weight reconstruction error mean "
         "%.4f, max %.4f (K %.4f, V %.4f)", rank, rope, len(convs),
-        "plain SVD" if ids is None else f"activation-aware on {len(ids)} calibration tokens",
+        "plain SVD" if ids is None else f"activation-aware on {len(ids)} calibration tokens"
+        + ("" if rope_dims is not None else ", weighted by the queries' pair energy and o_proj"),
         stats["reconstruction_error"],
         stats["reconstruction_error_max"], stats["reconstruction_error_k"], stats["reconstruction_error_v"],
     )  # fmt: skip

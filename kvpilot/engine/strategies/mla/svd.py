@@ -3,7 +3,8 @@
 W = [W_K(nope rows); W_V] [out, hidden] = U S V^T; keep r: down = V_r^T [r, hidden] (shared, the
 cached latent is c = down x), up = U_r S_r, split into up_K and up_V. Truncated SVD is the best rank-r
 approximation in Frobenius norm (Eckart-Young), so the error falls monotonically with r and is zero
-at full rank. RoPE: `rope_dims` dims per KV head (whole rotate-half pairs (i, i + D/2): by default
+at full rank. With calibration inputs the fit is weighted by them (`whitening`) and, given the output-side
+weights of weighting.py, by what the queries and o_proj make of the error (`_two_sided`). RoPE: `rope_dims` dims per KV head (whole rotate-half pairs (i, i + D/2): by default
 the highest-frequency ones, or per head those `pairs` picks, strategies/mla/rope_select.py) stay
 un-factorised and are cached exactly, post-RoPE; the others go through the latent. See
 docs/strategies.md for the two ways the engine uses this (exact RoPE on every dim, or partial RoPE
@@ -15,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from kvpilot.engine.strategies.mla.weighting import key_factor, value_factor
 
 
 @dataclass(frozen=True)
@@ -81,14 +84,18 @@ def whitening(inputs: torch.Tensor, damping: float = 1e-4) -> torch.Tensor:
 
 def factorize_kv(
     w_k: torch.Tensor, w_v: torch.Tensor, num_kv_heads: int, rank: int, rope_dims: int = 0,
-    inputs: torch.Tensor | None = None, pairs: torch.Tensor | None = None,
+    inputs: torch.Tensor | None = None, pairs: torch.Tensor | None = None, key_energy: torch.Tensor | None = None,
+    grams: torch.Tensor | None = None, key_balance: float = 1.0,
 ) -> MlaConversion:
     """w_k [Hkv*D, hidden], w_v [Hkv*Dv, hidden] -> shared-latent factorisation of rank `rank` (fp32).
 
     `inputs` [T, hidden]: calibration activations of the layer; the factorisation then minimises the
     error of the K/V the layer produces on them rather than of the weights (`whitening`).
     `pairs` [Hkv, rope_dims/2]: the rotate-half pairs each KV head keeps exact (default: the
-    highest-frequency ones, 0..rope_dims/2-1, for every head)."""
+    highest-frequency ones, 0..rope_dims/2-1, for every head).
+    `key_energy` [Hkv, D] / `grams` [Hkv, Dv, Dv] (weighting.py): weight the output side too, keys by
+    the queries' per-pair energy, values through o_proj (two-sided, `_two_sided`); each weighted block
+    is scaled to unit norm first and the keys' then by sqrt(`key_balance`)."""
     head_dim = w_k.shape[0] // num_kv_heads
     if w_k.shape[0] != num_kv_heads * head_dim or w_v.shape[0] % num_kv_heads:
         raise ValueError(f"K/V rows {w_k.shape[0]}, {w_v.shape[0]} are not multiples of Hkv={num_kv_heads}")
@@ -107,18 +114,25 @@ def factorize_kv(
     max_rank = min(joint.shape)
     if not 1 <= rank <= max_rank:
         raise ValueError(f"latent_rank={rank} must be within 1..{max_rank} (min of K/V rows and hidden size)")
-    if inputs is None:
+    if inputs is not None and inputs.shape[1] != joint.shape[1]:
+        raise ValueError(f"calibration inputs have width {inputs.shape[1]}, the projections {joint.shape[1]}")
+    white = None if inputs is None else whitening(inputs.to(joint.device))
+    n_k = w_k_nope.shape[0]
+    if key_energy is not None or grams is not None:
+        left_k = torch.ones(n_k, dtype=joint.dtype, device=joint.device)
+        if key_energy is not None:
+            if key_energy.shape != (num_kv_heads, head_dim):
+                raise ValueError(f"key_energy is {tuple(key_energy.shape)}; expected [Hkv={num_kv_heads}, D={head_dim}]")
+            left_k = key_factor(key_energy.to(joint.device))[heads, nope].reshape(-1)
+        up, down = _two_sided(joint, n_k, num_kv_heads, rank, left_k, grams, white, key_balance)
+    elif white is None:
         u, s, vh = torch.linalg.svd(joint, full_matrices=False)
         up, down = u[:, :rank] * s[:rank], vh[:rank]
     else:
-        if inputs.shape[1] != joint.shape[1]:
-            raise ValueError(f"calibration inputs have width {inputs.shape[1]}, the projections {joint.shape[1]}")
-        white = whitening(inputs.to(joint.device))
         u, s, vh = torch.linalg.svd(joint @ white, full_matrices=False)
         up = u[:, :rank] * s[:rank]
         down = torch.linalg.solve_triangular(white, vh[:rank], upper=False, left=False)  # V_r^T S^-1
     approx = up @ down
-    n_k = w_k_nope.shape[0]
     return MlaConversion(
         down=down.float(),
         up_k=up[:n_k].float(),
@@ -131,6 +145,34 @@ def factorize_kv(
         error_v=_relative_error(w_v.double(), approx[n_k:]),
         error=_relative_error(joint, approx),
     )
+
+
+def _two_sided(joint: torch.Tensor, n_k: int, num_kv_heads: int, rank: int, left_k: torch.Tensor,
+               grams: torch.Tensor | None, white: torch.Tensor | None, key_balance: float
+               ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """min ||L (joint - up down) S||_F over rank-`rank` up/down, L = blockdiag(diag(left_k), L_V per head)
+    (L_V^T L_V = grams), S the input whitening (or I): the truncated SVD of L joint S, mapped back by
+    L^-1 on the left (up) and S^-1 on the right (down)."""
+    w_v = joint[n_k:]
+    dv = w_v.shape[0] // num_kv_heads
+    if grams is None:
+        left_v = torch.eye(dv, dtype=joint.dtype, device=joint.device).expand(num_kv_heads, dv, dv)
+    elif grams.shape != (num_kv_heads, dv, dv):
+        raise ValueError(f"grams are {tuple(grams.shape)}; expected [Hkv={num_kv_heads}, Dv={dv}, Dv={dv}]")
+    else:
+        left_v = value_factor(grams.to(joint.device))
+    a_k = left_k[:, None] * joint[:n_k]
+    a_v = torch.einsum("hde,hen->hdn", left_v, w_v.reshape(num_kv_heads, dv, -1)).reshape(w_v.shape)
+    if white is not None:
+        a_k, a_v = a_k @ white, a_v @ white
+    scale_k = key_balance**0.5 / float(a_k.norm()) if n_k and a_k.norm() > 0 else 1.0
+    scale_v = 1.0 / float(a_v.norm()) if a_v.norm() > 0 else 1.0
+    u, s, vh = torch.linalg.svd(torch.cat([a_k * scale_k, a_v * scale_v]), full_matrices=False)
+    weighted = u[:, :rank] * s[:rank]
+    up_k = weighted[:n_k] / (left_k[:, None] * scale_k)
+    up_v = torch.linalg.solve_triangular(left_v, weighted[n_k:].reshape(num_kv_heads, dv, rank), upper=True)
+    down = vh[:rank] if white is None else torch.linalg.solve_triangular(white, vh[:rank], upper=False, left=False)
+    return torch.cat([up_k, up_v.reshape(-1, rank) / scale_v]), down
 
 
 def reconstruct_k(conv: MlaConversion, num_kv_heads: int) -> torch.Tensor:
