@@ -6,16 +6,49 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvpilot.operator.conditions import CAPACITY_PLANNED, Condition
-from kvpilot.operator.spec import ServiceSpec
-from kvpilot.planner import CapacityPlan, ModelShape, gpu_spec, plan_capacity
+from kvpilot.operator.spec import MLA_ROPE_PAIRS, ServiceSpec
+from kvpilot.planner import CapacityPlan, ModelShape, PlannerError, gpu_spec, plan_capacity
+
+
+class StrategyRefused(PlannerError):
+    """A strategy the engine would refuse at start: refused here instead, before any pod (as PlannerError)."""
+
+
+def check_strategy(spec: ServiceSpec) -> None:
+    """What the engine checks at start and the CRD cannot (a canary's merged strategy, resources.gpus)."""
+    strategy = spec.strategy
+    if strategy.mla_rope_pairs not in MLA_ROPE_PAIRS:
+        raise StrategyRefused(f"strategy.mlaRopePairs {strategy.mla_rope_pairs!r} is not a rule; choose one of "
+                              f"{', '.join(MLA_ROPE_PAIRS)}")
+    rope_needs_text = strategy.mla_rope_pairs in ("norm", "turn")
+    if strategy.active_mla_rope_dims is not None and rope_needs_text and strategy.active_calibration is None:
+        raise StrategyRefused(
+            f"strategy.mlaRopePairs {strategy.mla_rope_pairs} scores RoPE pairs on calibration text: set "
+            "strategy.calibration (a ConfigMap with the text), or use mlaRopePairs high or auto"
+        )
+    probe_set = str((spec.canary.analysis if spec.canary else {}).get("probeSet") or "")
+    if strategy.active_calibration is not None and strategy.active_calibration.config_map == probe_set:
+        raise StrategyRefused(
+            f"strategy.calibration.configMap {probe_set} is the canary's probe set (canary.analysis.probeSet): "
+            "calibrating on the prompts the accuracy gate scores leaks them into the model, and the gate would "
+            "pass conversions that lose accuracy on real traffic; calibrate on a ConfigMap of other traffic"
+        )
+    if strategy.attention == "gqa" and strategy.active_calibration is not None and spec.gpus > 1:
+        raise StrategyRefused(
+            f"strategy.calibration with attention gqa regroups the KV heads on one GPU; it is not available with "
+            f"resources.gpus={spec.gpus}: drop strategy.calibration (index grouping works on several GPUs) or use "
+            "resources.gpus 1"
+        )
 
 
 def preflight(spec: ServiceSpec, model_config: Mapping[str, Any]) -> CapacityPlan:
     """The plan for one replica (spec.resources.gpus GPUs of spec.resources.gpuProduct).
 
     Raises PlannerError when the spec cannot be planned at all (unknown GPU, groups that do
-    not divide the KV heads, ...); returns an infeasible plan when it merely does not fit.
+    not divide the KV heads, mlaRopeDims above the model's head_dim, norm RoPE pairs without
+    calibration, ...); returns an infeasible plan when it merely does not fit.
     """
+    check_strategy(spec)
     return plan_capacity(
         ModelShape.from_hf_config(model_config),
         spec.strategy.planner_strategy(),

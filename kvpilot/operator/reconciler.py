@@ -17,6 +17,7 @@ from kvpilot.operator.builders import (
     build_podmonitor,
 )
 from kvpilot.operator.builders.engine_args import UnsupportedModelUri, model_path
+from kvpilot.operator.calibration import CalibrationUnavailable, check_calibration
 from kvpilot.operator.conditions import CAPACITY_PLANNED, DEGRADED, MONITORING, Condition, get_condition
 from kvpilot.operator.kube import Kube, KubeError, object_path
 from kvpilot.operator.lineage_writer import apply_lineage
@@ -67,6 +68,11 @@ def reconcile(ctx: Context, body: Mapping[str, Any]) -> CapacityPlan:
     except (PlannerError, UnsupportedModelUri) as exc:
         _fail(ctx, body, "InvalidSpec", str(exc), phase="Failed")
         raise InvalidSpec(str(exc)) from None
+    try:  # the ConfigMap may appear (or be made immutable) later: no spec edit follows, so retry
+        check_calibration(ctx.kube, namespace, spec.strategy.active_calibration)
+    except CalibrationUnavailable as exc:
+        _fail(ctx, body, "CalibrationUnavailable", str(exc), phase="Pending")
+        raise RetryLater(str(exc)) from None
     if not plan.feasible:
         _record_plan(ctx, body, spec, plan)
         return plan

@@ -23,6 +23,28 @@ class ModelRef:
     config_map_key: str = "config.json"
 
 
+DEFAULT_CALIBRATION_KEY = "calibration.txt"
+DEFAULT_CALIBRATION_TOKENS = 2048
+MLA_ROPE_PAIRS = ("auto", "high", "norm", "turn")  # the engine's rules (strategies/mla/rope_select.py)
+CALIBRATED_ATTENTIONS = ("gqa", "mla")  # the conversions calibration text fits
+
+
+@dataclass(frozen=True)
+class CalibrationRef:
+    """spec.strategy.calibration: a ConfigMap key whose text calibrates the GQA/MLA conversion."""
+
+    config_map: str
+    key: str = DEFAULT_CALIBRATION_KEY
+    tokens: int = DEFAULT_CALIBRATION_TOKENS  # the engine reads this many tokens of the text
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any] | None) -> CalibrationRef | None:
+        if not raw:
+            return None
+        return cls(config_map=str(raw.get("configMap", "")), key=str(raw.get("key") or DEFAULT_CALIBRATION_KEY),
+                   tokens=int(raw.get("tokens", DEFAULT_CALIBRATION_TOKENS)))
+
+
 @dataclass(frozen=True)
 class StrategySpec:
     """spec.strategy: the memory strategy of the stable track."""
@@ -39,6 +61,22 @@ class StrategySpec:
     kv_quant_auto_threshold: int | None = None  # kvCacheDtype auto: int8 blocks from this batch size
     kv_quant_auto_split: float = 0.5
     fallback_reserve: float = 0.1  # runtime validation's exact-path reserve (share of the KV pool)
+    calibration: CalibrationRef | None = None
+    mla_rope_dims: int | None = None  # mla conversion: dims per KV head that keep RoPE (partial RoPE)
+    # The CRD gives this no default: a default would appear in every stored object's strategy and change
+    # the digest a promotion's override is keyed to (tracks.py), reverting promoted services.
+    mla_rope_pairs: str = "auto"
+
+    @property
+    def active_calibration(self) -> CalibrationRef | None:
+        """The calibration the engine gets: only gqa and mla convert with it (a canary that switches to
+        native or linear inherits the stable track's calibration and ignores it)."""
+        return self.calibration if self.attention in CALIBRATED_ATTENTIONS else None
+
+    @property
+    def active_mla_rope_dims(self) -> int | None:
+        """mlaRopeDims when attention is mla (parameters apply only to the chosen attention, as kvHeadGroups)."""
+        return self.mla_rope_dims if self.attention == "mla" else None
 
     def planner_strategy(self) -> KVStrategy:
         return KVStrategy(
@@ -46,6 +84,7 @@ class StrategySpec:
             kv_cache_dtype=self.kv_cache_dtype, block_size=self.block_size, linear_window=self.linear_window,
             fallback_reserve=self.fallback_reserve, kv_quant_auto_split=self.kv_quant_auto_split,
             kv_quant_auto_threshold=self.kv_quant_auto_threshold if self.kv_cache_dtype == "auto" else None,
+            calibrated=self.active_calibration is not None, mla_rope_dims=self.active_mla_rope_dims,
         )
 
 
@@ -182,6 +221,7 @@ class ServiceSpec:
         model = spec.get("model") or {}
         ref = model.get("configMapRef") or {}
         strategy = {_snake(k): v for k, v in (spec.get("strategy") or {}).items()}
+        strategy["calibration"] = CalibrationRef.from_dict(strategy.get("calibration"))
         engine = spec.get("engine") or {}
         resources = spec.get("resources") or {}
         return cls(

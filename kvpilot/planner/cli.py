@@ -31,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention", choices=ATTENTIONS, default="native")
     parser.add_argument("--kv-head-groups", type=int, help="gqa: KV heads after merging")
     parser.add_argument("--latent-rank", type=int, help="mla: width of the cached latent")
+    parser.add_argument("--mla-rope-dims", type=int,
+                        help="mla conversion: exact RoPE dims per KV head cached beside the latent (partial RoPE)")
     parser.add_argument("--linear-window", type=int, default=64, help="linear: exact recent window (tokens)")
     parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
     length = parser.add_mutually_exclusive_group()
@@ -51,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         strategy = KVStrategy(
             attention=args.attention, kv_head_groups=args.kv_head_groups, latent_rank=args.latent_rank,
             kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size, linear_window=args.linear_window,
+            mla_rope_dims=args.mla_rope_dims,
         )
         max_seq_len = args.max_seq_len or (
             max_seq_len_from_p95(args.p95_tokens, block_size=args.block_size) if args.p95_tokens

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from kvpilot.planner.model_shape import ModelShape
-from kvpilot.planner.strategy import KVStrategy, kv_footprint
+from kvpilot.planner.strategy import KVStrategy, kv_footprint, rope_dims
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,8 @@ def extra_weight_bytes(model: ModelShape, strategy: KVStrategy) -> int:
     GQA merges K/V (fewer) and keeps the originals of the validated layer (runtime validation) or, with
     a fallback reserve, of every layer (the unmerged path), plus every layer's original o_proj when
     calibrated (strategies/gqa/compensate.py rewrites it); the MLA conversion keeps every layer's K/V
-    projections (validation, fallback) beside its factors."""
+    projections (validation, fallback) beside its factors, counted at the cached row's width (latent
+    plus partial RoPE's exact key dims, as the engine plans it: server/capacity.py cached_latent_width)."""
     width = model.weight_dtype_bytes or model.dtype_bytes
     h, kv = model.hidden_size, model.num_kv_heads * model.head_dim
     layers = model.num_full_layers
@@ -72,6 +73,6 @@ def extra_weight_bytes(model: ModelShape, strategy: KVStrategy) -> int:
         o_proj = layers * h * model.num_attention_heads * model.head_dim if strategy.calibrated and kept > 1 else 0
         return (layers * 2 * h * (merged - kv) + kept * 2 * h * kv + o_proj) * width
     if strategy.attention == "mla" and model.mla is None and strategy.latent_rank:
-        r = strategy.latent_rank
+        r = strategy.latent_rank + model.num_kv_heads * rope_dims(model, strategy)
         return layers * (r * h + 2 * kv * r) * width
     return 0

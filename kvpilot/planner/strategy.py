@@ -24,7 +24,9 @@ class KVStrategy:
     - `gqa`: `kv_head_groups` = number of KV heads after merging (groups of the model's KV heads
       are mean-pooled into one head each); it must divide the model's KV head count.
     - `mla`: `latent_rank` = width of the one latent vector cached per token and layer
-      (default: the model's own `kv_lora_rank` for DeepSeek models).
+      (default: the model's own `kv_lora_rank` for DeepSeek models); with `mla_rope_dims` R (the
+      conversion's partial RoPE, non-DeepSeek models only) each KV head also caches R exact RoPE key
+      dims beside it, so a row is latent_rank + num_kv_heads x R wide.
     - `linear`: every layer keeps a fixed state (heads x feature_dim x head_dim, fp32) plus an
       exact window of the last `linear_window` tokens' K/V.
     """
@@ -44,6 +46,7 @@ class KVStrategy:
     # gqa/mla converted with a calibration set (the engine's conversion_calibration); a calibrated
     # GQA conversion with a reserve also keeps every layer's original o_proj (planner/pools.py)
     calibrated: bool = False
+    mla_rope_dims: int | None = None  # mla conversion: dims per KV head that keep RoPE (None: every dim)
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTIONS:
@@ -62,13 +65,21 @@ class KVStrategy:
             raise PlannerError(f"fallback_reserve must be in [0, 1), got {self.fallback_reserve}")
         if self.kv_quant_auto_threshold is not None and self.kv_quant_auto_threshold < 1:
             raise PlannerError(f"kv_quant_auto_threshold must be >= 1, got {self.kv_quant_auto_threshold}")
+        if self.mla_rope_dims is not None and (self.attention != "mla" or self.mla_rope_dims < 0
+                                               or self.mla_rope_dims % 2):
+            raise PlannerError(
+                f"mla_rope_dims {self.mla_rope_dims} must be an even number >= 0 (RoPE rotates dims in pairs), "
+                f"with attention 'mla' only (got {self.attention!r})"
+            )
         if not 0.0 < self.kv_quant_auto_split < 1.0:
             raise PlannerError(f"kv_quant_auto_split must be in (0, 1), got {self.kv_quant_auto_split}")
 
     @property
     def label(self) -> str:
         """Short name for tables and the X-Model-Strategy header, e.g. `gqa4-int8`."""
-        param = {"gqa": self.kv_head_groups, "mla": self.latent_rank, "linear": self.linear_window}
+        rope = "" if self.mla_rope_dims is None else f"rope{self.mla_rope_dims}"  # the engine's mla64rope16
+        mla = None if self.latent_rank is None else f"{self.latent_rank}{rope}"
+        param = {"gqa": self.kv_head_groups, "mla": mla, "linear": self.linear_window}
         name = f"{self.attention}{param.get(self.attention) or ''}"
         return name if self.kv_cache_dtype == "auto" else f"{name}-{self.kv_cache_dtype}"
 
@@ -128,8 +139,27 @@ def _cached_vectors(model: ModelShape, strategy: KVStrategy) -> tuple[int, int]:
     full_width = 2 * model.num_kv_heads * model.head_dim
     if not model.mla and not 1 <= rank <= full_width:
         raise PlannerError(f"latent_rank {rank} must be between 1 and 2 x kv_heads x head_dim = {full_width}")
-    rope = model.mla.qk_rope_head_dim if model.mla else 0
-    return 1, rank + rope
+    if model.mla:
+        if strategy.mla_rope_dims is not None:
+            raise PlannerError(
+                f"mla_rope_dims {strategy.mla_rope_dims} (spec.strategy.mlaRopeDims, --mla-rope-dims): this model "
+                f"already has its own RoPE split "
+                f"(qk_rope_head_dim={model.mla.qk_rope_head_dim}); leave mla_rope_dims unset"
+            )
+        return 1, rank + model.mla.qk_rope_head_dim
+    return 1, rank + model.num_kv_heads * rope_dims(model, strategy)
+
+
+def rope_dims(model: ModelShape, strategy: KVStrategy) -> int:
+    """The MLA conversion's exact RoPE dims per KV head (partial RoPE), checked against the model's head_dim."""
+    dims = strategy.mla_rope_dims or 0
+    if dims > model.head_dim:
+        raise PlannerError(
+            f"mla_rope_dims {dims} (spec.strategy.mlaRopeDims, --mla-rope-dims) exceeds the model's head_dim "
+            f"{model.head_dim}; choose an even number in "
+            f"2..{model.head_dim}"
+        )
+    return dims
 
 
 def _linear(model: ModelShape, strategy: KVStrategy, elem: int, scale: int) -> KVFootprint:

@@ -159,6 +159,23 @@ def test_delete_garbage_collects_everything(env) -> None:  # type: ignore[no-unt
         ({"replicas": -1}, r"spec\.replicas: Invalid value: -1"),
         ({"resources": {"gpus": 1}}, r"spec\.resources\.gpuProduct: Required value"),
         ({"model": {"uri": "s3://bucket/model", "config": LLAMA3_8B}}, r"spec\.model\.uri"),
+        ({"strategy": {"attention": "mla", "latentRank": 512, "mlaRopeDims": 15}},
+         r"spec\.strategy\.mlaRopeDims: Invalid value.*must be even"),
+        ({"strategy": {"attention": "mla", "latentRank": 512, "mlaRopeDims": 0}},
+         r"spec\.strategy\.mlaRopeDims: Invalid value: 0"),
+        ({"strategy": {"attention": "gqa", "kvHeadGroups": 4, "mlaRopeDims": 16}},
+         r"spec\.strategy\.mlaRopeDims: Invalid value.*applies to attention mla only"),
+        ({"strategy": {"attention": "mla", "latentRank": 512, "mlaRopeDims": 16, "mlaRopePairs": "norm"}},
+         r"spec\.strategy\.mlaRopePairs: Invalid value.*set strategy\.calibration"),
+        ({"strategy": {"attention": "native", "calibration": {"configMap": "text"}}},
+         r"spec\.strategy\.calibration: Invalid value.*gqa and mla conversions only"),
+        ({"strategy": {"attention": "gqa", "kvHeadGroups": 4, "calibration": {"key": "t.txt"}}},
+         r"spec\.strategy\.calibration\.configMap: Required value"),
+        ({"strategy": {"attention": "gqa", "kvHeadGroups": 4, "calibration": {"configMap": "t", "tokens": 8}}},
+         r"spec\.strategy\.calibration\.tokens: Invalid value: 8"),
+        ({"strategy": {"attention": "gqa", "kvHeadGroups": 4, "calibration": {"configMap": "probes"}},
+          "canary": {"strategy": {"kvCacheDtype": "int8"}, "analysis": {"probeSet": "probes"}}},
+         r"calibration\.configMap may not be the canary's probe set"),
     ],
 )
 def test_invalid_manifest_is_rejected_naming_the_field(env, change, message) -> None:  # type: ignore[no-untyped-def]
@@ -179,3 +196,37 @@ def test_oversized_model_is_infeasible_and_gets_no_pods(env) -> None:  # type: i
     time.sleep(2)
     assert env["apps"].list_namespaced_deployment(env["ns"], label_selector="kvpilot.io/service=huge").items == []
     assert pods(env, "huge") == []
+
+
+def test_calibrated_conversion_mounts_its_configmap_and_rope_dims_beyond_head_dim_are_refused(env) -> None:  # type: ignore[no-untyped-def]
+    ns = env["ns"]
+    env["core"].create_namespaced_config_map(ns, {"metadata": {"name": "cal-text"}, "immutable": True,
+                                                  "data": {"traffic.txt": "def main():\n    return 0\n"}})
+    strategy = {"attention": "mla", "latentRank": 512, "mlaRopeDims": 16, "mlaRopePairs": "turn",
+                "kvCacheDtype": "bf16", "maxSeqLen": 8192,
+                "calibration": {"configMap": "cal-text", "key": "traffic.txt", "tokens": 512}}
+    env["kubectl"].apply(manifest("calib", ns, replicas=1, strategy=strategy))
+    env["kubectl"].apply(manifest("ropewide", ns, replicas=1, strategy={**strategy, "mlaRopeDims": 256}))
+    wait_for(lambda: env["apps"].list_namespaced_deployment(ns, label_selector="kvpilot.io/service=calib").items,
+             "calib's Deployment", 60)
+    pod = env["apps"].read_namespaced_deployment("calib-stable", ns).spec.template.spec
+    (volume,) = [v for v in pod.volumes if v.name == "calibration"]
+    assert volume.config_map.name == "cal-text"
+    assert [(i.key, i.path) for i in volume.config_map.items] == [("traffic.txt", "traffic.txt")]
+    engine, sidecar = pod.containers
+    (mount,) = [m for m in engine.volume_mounts if m.name == "calibration"]
+    assert mount.mount_path == "/etc/kvpilot/calibration" and mount.read_only is True
+    assert all(m.name != "calibration" for m in sidecar.volume_mounts)
+    args = engine.args
+    assert args[args.index("--conversion-calibration") + 1] == "/etc/kvpilot/calibration/traffic.txt"
+    assert args[args.index("--calibration-tokens") + 1] == "512"
+    assert args[args.index("--mla-rope-dims") + 1] == "16" and args[args.index("--mla-rope-pairs") + 1] == "turn"
+    wait_for(lambda: service(env, "calib").get("status", {}).get("strategy") == "mla512rope16-bf16",
+             "calib's status.strategy", 30)
+    obj = service(env, "calib")
+    assert obj["status"]["capacity"]["bytesPerToken"] == 32 * (512 + 8 * 16) * 2
+    wide = wait_phase(env, "ropewide", "Failed", 60)
+    planned = condition(wide, "CapacityPlanned")
+    assert planned["reason"] == "InvalidSpec" and "mlaRopeDims" in planned["message"]
+    assert "head_dim 128" in planned["message"]
+    assert env["apps"].list_namespaced_deployment(ns, label_selector="kvpilot.io/service=ropewide").items == []

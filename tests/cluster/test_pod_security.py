@@ -72,9 +72,13 @@ def test_canary_pod_is_admitted_and_a_noncompliant_pod_is_refused(env) -> None: 
     from kubernetes.client.exceptions import ApiException
 
     ns, core = env["ns"], env["core"]
-    body = manifest("canary-probe", ns, engine={"image": "kvpilot:test", "apiKeySecretRef": {"name": "chat-key"}})
+    calibrated = {"attention": "gqa", "kvHeadGroups": 4, "kvCacheDtype": "bf16", "maxSeqLen": 8192,
+                  "calibration": {"configMap": "chat-calibration"}}  # its read-only ConfigMap volume is admitted too
+    body = manifest("canary-probe", ns, engine={"image": "kvpilot:test", "apiKeySecretRef": {"name": "chat-key"}},
+                    strategy=calibrated)
     body["metadata"]["uid"] = "uid-canary-probe"
     canary = _pod_from_template(body, "canary")
+    assert any(v["name"] == "calibration" for v in canary["spec"]["volumes"])
     for container in canary["spec"]["containers"]:  # KWOK runs it; no scheduling constraints matter here
         container.pop("resources", None)
     canary["spec"].pop("nodeSelector")

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from kvpilot.operator import constants as c
-from kvpilot.operator.spec import ServiceSpec, StrategySpec
+from kvpilot.operator.spec import MLA_ROPE_PAIRS, CalibrationRef, ServiceSpec, StrategySpec
 from kvpilot.planner.dtypes import KV_CACHE_DTYPES
 from kvpilot.planner.strategy import ATTENTIONS
 
@@ -44,9 +44,40 @@ def test_enums_match_the_planner(crd: dict) -> None:
 
 def test_every_strategy_field_maps_to_the_operator(crd: dict) -> None:
     strategy = schema(crd)["properties"]["spec"]["properties"]["strategy"]["properties"]
-    parsed = ServiceSpec.from_dict({"model": {"uri": "/m"}, "strategy": {k: 1 for k in strategy}}).strategy
+    scalars = [k for k, v in strategy.items() if v["type"] != "object"]
+    parsed = ServiceSpec.from_dict({"model": {"uri": "/m"}, "strategy": {k: 1 for k in scalars}}).strategy
+    objects = {k for k, v in strategy.items() if v["type"] == "object"}
+    assert objects == {"calibration"}
     for field in StrategySpec.__dataclass_fields__:
-        assert getattr(parsed, field) == 1, field
+        if field != "calibration":
+            assert getattr(parsed, field) == 1, field
+    calibration = strategy["calibration"]["properties"]
+    ref = ServiceSpec.from_dict({"model": {"uri": "/m"}, "strategy": {
+        "calibration": {"configMap": "text", "key": "k.txt", "tokens": 512}}}).strategy.calibration
+    assert ref == CalibrationRef(config_map="text", key="k.txt", tokens=512)
+    assert set(calibration) == {"configMap", "key", "tokens"}
+
+
+def test_calibration_defaults_agree_with_the_operator(crd: dict) -> None:
+    for path in (("strategy",), ("canary", "strategy")):
+        node = schema(crd)["properties"]["spec"]
+        for part in path:
+            node = node["properties"][part]
+        calibration = node["properties"]["calibration"]
+        assert calibration["required"] == ["configMap"]
+        assert calibration["properties"]["key"]["default"] == CalibrationRef.key
+        assert calibration["properties"]["tokens"]["default"] == CalibrationRef.tokens
+        assert tuple(node["properties"]["mlaRopePairs"]["enum"]) == MLA_ROPE_PAIRS
+    parsed = ServiceSpec.from_dict({"model": {"uri": "/m"}, "strategy": {"calibration": {"configMap": "c"}}})
+    assert parsed.strategy.calibration == CalibrationRef("c", "calibration.txt", 2048)
+
+
+def test_mla_rope_pairs_has_no_default_in_the_crd(crd: dict) -> None:
+    """A default would enter every stored strategy and change the digest a promotion is keyed to."""
+    strategy = schema(crd)["properties"]["spec"]["properties"]["strategy"]["properties"]
+    assert "default" not in strategy["mlaRopePairs"] and "default" not in strategy["mlaRopeDims"]
+    assert "default" not in strategy["calibration"]
+    assert StrategySpec().mla_rope_pairs == "auto"
 
 
 def test_defaults_agree_with_the_operator(crd: dict) -> None:

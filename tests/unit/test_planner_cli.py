@@ -60,3 +60,14 @@ def test_wrong_input_exits_2_naming_it(config: Path, capsys: pytest.CaptureFixtu
     assert "kv_head_groups 5 must divide the model's 32 KV heads" in capsys.readouterr().err
     assert main(["plan", "--config", str(config), "--gpu", "B999"]) == 2
     assert "not in the planner's table" in capsys.readouterr().err
+
+
+def test_plan_with_partial_rope_counts_the_exact_rope_keys(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["plan", "--config", str(config), "--gpu", "h200", "--attention", "mla", "--latent-rank", "512",
+               "--mla-rope-dims", "16", "--max-seq-len", "4096", "--json"])
+    plan = json.loads(capsys.readouterr().out)
+    assert rc == 0 and plan["strategy"] == "mla512rope16"
+    assert plan["bytes_per_token"] == 32 * (512 + 32 * 16) * 2  # fp16 row: latent + 32 KV heads x 16 dims
+    assert main(["plan", "--config", str(config), "--gpu", "h200", "--attention", "mla", "--latent-rank", "512",
+                 "--mla-rope-dims", "130"]) == 2
+    assert "exceeds the model's head_dim 128" in capsys.readouterr().err

@@ -7,6 +7,7 @@ from typing import Any
 
 import kvpilot.operator.builders.security as security
 from kvpilot.operator import constants as c
+from kvpilot.operator.builders.calibration import calibration_mount, calibration_volume
 from kvpilot.operator.builders.common import deployment_name, labels, metadata
 from kvpilot.operator.builders.engine_args import engine_args, pvc_claim
 from kvpilot.operator.spec import ServiceSpec
@@ -51,6 +52,8 @@ def _pod_spec(spec: ServiceSpec, plan: CapacityPlan, served_name: str) -> dict[s
     volumes += security.writable_volumes("engine") + security.writable_volumes("sidecar")
     if spec.engine.api_key_secret:
         volumes.append(security.api_key_volume(spec.engine.api_key_secret))
+    if spec.strategy.active_calibration:
+        volumes.append(calibration_volume(spec.strategy.active_calibration))
     return {
         "securityContext": security.pod_security_context(),
         "automountServiceAccountToken": False,  # neither container talks to the API server
@@ -69,6 +72,8 @@ def _engine(spec: ServiceSpec, plan: CapacityPlan, with_model_volume: bool, serv
         mounts.append({"name": "model", "mountPath": c.MODEL_MOUNT, "readOnly": True})
     if spec.engine.api_key_secret:
         mounts.append(security.api_key_mount())
+    if spec.strategy.active_calibration:
+        mounts.append(calibration_mount())
     gpus = {c.GPU_RESOURCE: str(spec.gpus)}
     return {
         "name": "engine",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvpilot.operator import constants as c
+from kvpilot.operator.builders.calibration import conversion_flags
 from kvpilot.operator.builders.security import API_KEY_FILE
 from kvpilot.operator.spec import ServiceSpec, StrategySpec
 from kvpilot.planner import CapacityPlan
@@ -40,6 +41,7 @@ def strategy_flags(strategy: StrategySpec) -> list[str]:
         flags += ["--kv-head-groups", str(strategy.kv_head_groups)]
     if strategy.attention == "mla" and strategy.latent_rank:
         flags += ["--latent-rank", str(strategy.latent_rank)]
+    flags += conversion_flags(strategy)  # calibration text (gqa, mla) and partial RoPE (mla)
     if strategy.attention == "linear":
         flags += ["--linear-window", str(strategy.linear_window)]
     if strategy.eviction != "none":

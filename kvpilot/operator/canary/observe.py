@@ -10,6 +10,7 @@ from kvpilot.operator import options as opts
 from kvpilot.operator.builders.common import deployment_name, lineage_name
 from kvpilot.operator.builders.engine_args import UnsupportedModelUri, engine_args
 from kvpilot.operator.builders.lineage import read_lineage
+from kvpilot.operator.calibration import CalibrationUnavailable, check_calibration
 from kvpilot.operator.kube import Kube, object_path
 from kvpilot.operator.model_config import ModelConfigUnavailable, load_model_config
 from kvpilot.operator.preflight import preflight
@@ -74,7 +75,8 @@ def _plan(kube: Kube, namespace: str, canary: ServiceSpec) -> tuple[CapacityPlan
     try:
         plan = preflight(canary, load_model_config(kube, namespace, canary.model))
         engine_args(canary, plan)
-    except (ModelConfigUnavailable, PlannerError, UnsupportedModelUri) as exc:
+        check_calibration(kube, namespace, canary.strategy.active_calibration)
+    except (ModelConfigUnavailable, PlannerError, UnsupportedModelUri, CalibrationUnavailable) as exc:
         return None, str(exc)
     if not plan.feasible:
         return plan, plan.reason
