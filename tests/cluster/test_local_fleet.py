@@ -141,3 +141,40 @@ def test_unsupported_route_features_are_reported_in_status(two_tracks: TwoTracks
     assert {o.status for o in outcomes} == {500}
     for name in ("mirrored", "dangling"):
         api.request("DELETE", f"{ROUTES.format(ns=ns)}/{name}")
+
+
+def test_a_configmap_volume_reaches_the_engine(local_fleet: LocalCluster, fleet_model: Path) -> None:
+    """A calibrated GQA conversion as the operator builds it: the calibration text is a ConfigMap
+    mounted into the engine. The pod waits (and says why) until the ConfigMap exists, then the
+    engine reads the projected file, calibrates and becomes ready."""
+    api = local_fleet.api()
+    ns = run_pods_namespace(api)
+    mount = "/etc/kvpilot/calibration"
+    try:
+        body = engine_deployment(ns, "cal", "stable", fleet_model, flags=(
+            "--attention", "gqa", "--kv-head-groups", "2", "--conversion-calibration", f"{mount}/text.txt",
+            "--calibration-tokens", "64"))  # fmt: skip
+        pod = body["spec"]["template"]["spec"]
+        pod["volumes"] = [{"name": "calibration", "configMap": {"name": "cal-text", "defaultMode": 0o444,
+                                                                "items": [{"key": "text.txt", "path": "text.txt"}]}}]
+        pod["containers"][0]["volumeMounts"] = [{"name": "calibration", "mountPath": mount, "readOnly": True}]
+        api.request("POST", f"/apis/apps/v1/namespaces/{ns}/deployments", body)
+        api.request("POST", f"/api/v1/namespaces/{ns}/services",
+                    service(ns, "cal-stable", {"kvpilot.io/service": "cal", "kvpilot.io/track": "stable"}))
+
+        def waiting_for_the_configmap() -> bool:
+            pods = api.request("GET", f"/api/v1/namespaces/{ns}/pods").get("items", [])
+            conds = [c for p in pods for c in (p.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"]
+            return any(c.get("reason") == "CreateContainerConfigError" and "cal-text" in c.get("message", "")
+                       for c in conds)  # fmt: skip
+
+        wait(waiting_for_the_configmap, "the pod to wait for its ConfigMap", 90)
+        text = "\n".join(f"def f{i}(x):\n    return x * {i}  # calibration text" for i in range(40))
+        api.request("POST", f"/api/v1/namespaces/{ns}/configmaps",
+                    {"metadata": {"name": "cal-text"}, "data": {"text.txt": text}, "immutable": True})
+        wait(lambda: bool(ready_addresses(api, ns, "cal-stable")), "the calibrated engine ready", 240)
+        (pod_name,) = [p["metadata"]["name"] for p in api.request("GET", f"/api/v1/namespaces/{ns}/pods")["items"]]
+        log = (local_fleet.state_dir / "pods" / f"{ns}_{pod_name}" / "engine.log").read_text()
+        assert "merge cost" in log and "by similarity" in log, log[-2000:]  # calibrate_gqa ran on the text
+    finally:
+        delete_namespace(api, ns)

@@ -83,10 +83,13 @@ def test_secret_key_defaults_to_api_key_and_no_ref_means_no_flag() -> None:
 
 
 def test_the_local_pod_runner_plans_the_restricted_pod() -> None:
-    """The pod runner (local fleet) ignores security contexts and volumes but must accept the env."""
+    """The pod runner (local fleet) ignores security contexts but must accept the env and the mounts
+    (emptyDirs stay host paths; the model's PVC is what it cannot provide: a file:// model here)."""
     from kvpilot.cluster.podrunner.containers import plan_pod
 
-    template = pod_of(service())
+    body = service()
+    body["spec"]["model"]["uri"] = "file:///models/llama"
+    template = pod_of(body)
     plans = plan_pod({"metadata": {"name": "p"}, "status": {"podIP": "10.0.0.7"}, "spec": template}, python="py")
     engine, sidecar = plans
     assert engine.argv[:4] == ("py", "-m", "kvpilot.cli", "serve")

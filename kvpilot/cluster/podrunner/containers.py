@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from kvpilot.cluster.podrunner.volumes import UnsupportedVolume, mount_table, rewrite
 
 
 class UnsupportedContainer(ValueError):
@@ -73,11 +76,13 @@ def expand(text: str, env: Mapping[str, str]) -> str:
 
 
 def plan_container(container: Mapping[str, Any], pod: Mapping[str, Any] | None = None,
-                   python: str = sys.executable) -> ContainerPlan:
+                   python: str = sys.executable, mounts: Sequence[tuple[str, str]] = ()) -> ContainerPlan:
     """`kvpilot <sub-command> args` runs as `<python> -m kvpilot.cli <sub-command> args`; other
-    images' commands cannot run here (KWOK pods have no image)."""
-    env = _env(container, pod or {})
-    command = [expand(str(a), env) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
+    images' commands cannot run here (KWOK pods have no image). `mounts`: (mountPath, host directory)
+    of the container's volumes: paths under them in the arguments and env are mapped (volumes.py)."""
+    env = {k: rewrite(v, mounts) for k, v in _env(container, pod or {}).items()}
+    command = [rewrite(expand(str(a), env), mounts)
+               for a in [*(container.get("command") or []), *(container.get("args") or [])]]
     if not command or command[0] != "kvpilot":
         raise UnsupportedContainer(
             f"container {container.get('name')!r} runs {command[:1] or 'its image entrypoint'}; the local pod "
@@ -93,8 +98,18 @@ def plan_container(container: Mapping[str, Any], pod: Mapping[str, Any] | None =
                          tuple(env.items()), probe)
 
 
-def plan_pod(pod: Mapping[str, Any], python: str = sys.executable) -> list[ContainerPlan]:
-    return [plan_container(c, pod, python) for c in pod.get("spec", {}).get("containers", [])]
+def plan_pod(pod: Mapping[str, Any], python: str = sys.executable,
+             volume_dirs: Mapping[str, Path] | None = None) -> list[ContainerPlan]:
+    """Every container's plan; `volume_dirs`: the pod's volumes as written by volumes.materialize."""
+    spec = pod.get("spec", {})
+    plans = []
+    for c in spec.get("containers", []):
+        try:
+            mounts = mount_table(c, spec.get("volumes") or [], volume_dirs or {})
+        except UnsupportedVolume as exc:
+            raise UnsupportedContainer(str(exc)) from None
+        plans.append(plan_container(c, pod, python, mounts))
+    return plans
 
 
 def scrape_target(pod: Mapping[str, Any]) -> dict[str, Any] | None:

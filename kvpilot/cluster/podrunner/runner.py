@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -22,6 +23,7 @@ from kvpilot.cluster import processes
 from kvpilot.cluster.api import ApiClient, ApiError
 from kvpilot.cluster.podrunner import RUN_PODS_PREFIX, netns
 from kvpilot.cluster.podrunner.containers import ContainerPlan, UnsupportedContainer, plan_pod, scrape_target
+from kvpilot.cluster.podrunner.volumes import UnsupportedVolume, VolumeUnavailable, materialize
 
 log = logging.getLogger("kvpilot.podrunner")
 STOP_GRACE_S = 10.0
@@ -80,6 +82,7 @@ class PodRunner:
         self.targets_file = state_dir / "prometheus" / "pods.json"
         self._targets: str | None = None
         self._made_bridge = False
+        self._waiting: dict[str, str] = {}  # pod uid -> why it is not started yet (a missing ConfigMap)
 
     # ---- the loop --------------------------------------------------------------------------
     def sync_once(self) -> None:
@@ -158,7 +161,20 @@ class PodRunner:
         ns_name, veth = netns.names(meta["uid"])
         run = PodRun(meta["uid"], meta["namespace"], meta["name"], pod["status"]["podIP"], ns_name, veth)
         try:
-            plans = plan_pod(pod)
+            dirs = materialize(pod["spec"].get("volumes") or [], self._volumes_dir(run),
+                               lambda kind, name: self._volume_source(run.namespace, kind, name))  # fmt: skip
+        except VolumeUnavailable as exc:  # not started; tried again at the next sync, as the kubelet retries
+            if self._waiting.get(run.uid) != str(exc):
+                log.warning("pod %s/%s waits: %s", run.namespace, run.name, exc)
+                self._waiting[run.uid] = str(exc)
+                self._report(run, False, "CreateContainerConfigError", str(exc))
+            return
+        except UnsupportedVolume as exc:
+            dirs = {}
+            log.warning("pod %s/%s: %s", run.namespace, run.name, exc)
+        self._waiting.pop(run.uid, None)
+        try:
+            plans = plan_pod(pod, volume_dirs=dirs)
         except UnsupportedContainer as exc:
             log.warning("pod %s/%s not run: %s", run.namespace, run.name, exc)
             self.pods[run.uid] = run
@@ -176,6 +192,19 @@ class PodRunner:
 
     def _log_path(self, run: PodRun, container: str) -> Path:
         return self.state_dir / "pods" / f"{run.namespace}_{run.name}" / f"{container}.log"
+
+    def _volumes_dir(self, run: PodRun) -> Path:
+        return self.state_dir / "pods" / f"{run.namespace}_{run.name}" / "volumes"
+
+    def _volume_source(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+        """The ConfigMap or Secret a volume projects; None if there is none."""
+        plural = "configmaps" if kind == "configMap" else "secrets"
+        try:
+            return self.api.request("GET", f"/api/v1/namespaces/{namespace}/{plural}/{name}")
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise VolumeUnavailable(f"{plural[:-1]} {name!r} could not be read: {exc}") from exc
 
     def _spawn(self, run: PodRun, c: Container) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **dict(c.plan.env)}
@@ -263,6 +292,7 @@ class PodRunner:
                 c.proc.wait(timeout=10)
             c.proc = None
         netns.delete(run.netns, run.veth)
+        shutil.rmtree(self._volumes_dir(run), ignore_errors=True)
         log.info("pod %s/%s stopped, netns %s removed", run.namespace, run.name, run.netns)
 
     # ---- files -----------------------------------------------------------------------------
