@@ -152,7 +152,7 @@ def test_a_configmap_volume_reaches_the_engine(local_fleet: LocalCluster, fleet_
     mount = "/etc/kvpilot/calibration"
     try:
         body = engine_deployment(ns, "cal", "stable", fleet_model, flags=(
-            "--attention", "gqa", "--kv-head-groups", "2", "--conversion-calibration", f"{mount}/text.txt",
+            "--attention", "gqa", "--kv-head-groups", "1", "--conversion-calibration", f"{mount}/text.txt",
             "--calibration-tokens", "64"))  # fmt: skip
         pod = body["spec"]["template"]["spec"]
         pod["volumes"] = [{"name": "calibration", "configMap": {"name": "cal-text", "defaultMode": 0o444,
