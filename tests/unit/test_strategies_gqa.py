@@ -69,3 +69,25 @@ def test_state_dict_conversion_touches_only_k_and_v() -> None:
 def test_rejects_groups_that_do_not_divide_heads(groups: int) -> None:
     with pytest.raises(ValueError, match="divisor"):
         mean_pool_heads(torch.zeros(4 * 2, 3), num_kv_heads=4, groups=groups)
+
+
+def test_calibration_with_nothing_to_merge_is_refused_before_weights_load(tmp_path, monkeypatch) -> None:
+    """kv_head_groups equal to the checkpoint's KV heads serves it as it is: a calibration text would
+    be silently unused, so it is refused by name before any weight loads."""
+    from kvpilot.engine.config import EngineConfig
+    from kvpilot.engine.llm_engine import LLMEngine
+    from kvpilot.engine.worker import model_runner
+    from tests.helpers.models import build_hf_checkpoint
+
+    path = build_hf_checkpoint(tmp_path / "llama", "llama")
+    heads = __import__("json").loads((path / "config.json").read_text())["num_key_value_heads"]
+    text = tmp_path / "cal.txt"
+    text.write_text("def f(x):\n    return x\n" * 20)
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("weights were loaded before the refusal")
+
+    monkeypatch.setattr(model_runner, "load_weights", no_load)
+    with pytest.raises(ValueError, match=f"kv_head_groups {heads} equals the checkpoint's {heads} KV heads"):
+        LLMEngine(EngineConfig(model=str(path), device="cpu", attention="gqa", kv_head_groups=heads,
+                               conversion_calibration=str(text)))  # fmt: skip

@@ -124,6 +124,11 @@ def gqa_groups(config: EngineConfig) -> int | None:
 def served_model_config(config: EngineConfig, model_config: ModelConfig) -> ModelConfig:
     """The architecture the engine runs: num_key_value_heads = kv_head_groups under GQA conversion."""
     groups = gqa_groups(config)
+    if groups is not None and groups == model_config.num_key_value_heads and config.conversion_calibration:
+        raise ValueError(
+            f"conversion_calibration has nothing to calibrate: kv_head_groups {groups} equals the checkpoint's "
+            f"{groups} KV heads, so no heads are merged; choose fewer kv_head_groups or drop conversion_calibration"
+        )
     if groups is None or groups == model_config.num_key_value_heads:
         return model_config
     if model_config.family not in GQA_FAMILIES:
