@@ -17,6 +17,7 @@ import torch
 from kvpilot.engine.llm import LLM
 from kvpilot.engine.llm_engine import LLMEngine
 from kvpilot.engine.strategies.mla.partial import PartialRopeMlaAttention
+from tests.helpers.logits import record_logits
 from tests.helpers.models import build_hf_checkpoint, hf_greedy
 from tests.parity.helpers import engine_greedy, greedy_ids, make_engine, mixed_prompts
 
@@ -39,15 +40,7 @@ def run(path: str, batched: bool, **engine: object) -> tuple[list[list[int]], li
     for layer in model.model.layers:
         assert isinstance(layer.self_attn, PartialRopeMlaAttention)
         layer.self_attn.batched_decode = batched
-    logits: list[torch.Tensor] = []
-    compute_logits = model.compute_logits
-
-    def recorded(hidden: torch.Tensor) -> torch.Tensor:
-        out = compute_logits(hidden)
-        logits.append(out.detach().clone())
-        return out
-
-    model.compute_logits = recorded
+    logits = record_logits(model)
     ids = greedy_ids(llm, PROMPTS, 10, ignore_eos=True)
     assert llm.engine.scheduler.num_preemptions > 0, "the small pool was meant to force preemption"
     return ids, logits, llm

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from kvpilot.engine.llm import LLM
+from tests.helpers.logits import record_logits
 from tests.helpers.models import build_hf_checkpoint
 from tests.parity.helpers import greedy_ids, mixed_prompts
 
@@ -33,15 +34,7 @@ def run(path: str, rank: int, batched: bool) -> tuple[list[list[int]], list[torc
     layers = [layer.self_attn for layer in model.model.layers]
     for attn in layers:
         attn.batched_decode = batched
-    logits: list[torch.Tensor] = []
-    compute_logits = model.compute_logits
-
-    def recorded(hidden: torch.Tensor) -> torch.Tensor:
-        out = compute_logits(hidden)
-        logits.append(out.detach().clone())
-        return out
-
-    model.compute_logits = recorded
+    logits = record_logits(model)
     ids = greedy_ids(llm, PROMPTS, 10, ignore_eos=True)
     assert llm.engine.scheduler.num_preemptions > 0, "the small pool was meant to force preemption"
     return ids, logits
