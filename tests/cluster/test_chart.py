@@ -330,6 +330,10 @@ def _canary_fields_served() -> bool:
     return "gateway" in spec["canary"].get("properties", {})
 
 
+# examples that name another example's object (the calibration ConfigMap), by file stem
+EXAMPLE_NEEDS = {"llama-3-8b-gqa-calibrated": ("calibration-text",)}
+
+
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_every_example_applies_and_is_planned(installed, kubectl, path) -> None:  # type: ignore[no-untyped-def]
     if "canary" in path.stem and not _canary_fields_served():
@@ -339,6 +343,9 @@ def test_every_example_applies_and_is_planned(installed, kubectl, path) -> None:
     assert dry.returncode == 0, dry.stderr
     doc = yaml.safe_load(path.read_text())
     kind, name = doc["kind"], doc["metadata"]["name"]
+    needs = [REPO / "examples" / f"{stem}.yaml" for stem in EXAMPLE_NEEDS.get(path.stem, ())]
+    for needed in needs:  # what the example names (a ConfigMap), applied first as a user would
+        kubectl("apply", "-n", ns, "-f", str(needed))
     kubectl("apply", "-n", ns, "-f", str(path))
     try:
         if kind != "InferenceService":
@@ -356,7 +363,8 @@ def test_every_example_applies_and_is_planned(installed, kubectl, path) -> None:
             capacity = kubectl.get("kvis", name, "-n", ns)["status"]["capacity"]
             assert capacity["feasible"] and capacity["maxConcurrency"] >= 1, capacity
     finally:
-        kubectl("delete", "-n", ns, "-f", str(path), "--wait=false", check=False)
+        for applied in (path, *needs):
+            kubectl("delete", "-n", ns, "-f", str(applied), "--wait=false", check=False)
 
 
 def test_nothing_the_operator_did_for_the_examples_was_forbidden(installed) -> None:  # type: ignore[no-untyped-def]
