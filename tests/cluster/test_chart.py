@@ -431,13 +431,18 @@ def test_a_canary_gets_its_httproute_with_the_chart_token(installed, kubectl, k8
         "nvidia.com/gpu.product"]
     body["spec"]["model"]["uri"] = "file:///models/llama-3-8b-instruct"
     name = body["metadata"]["name"]
+    # test_every_example_applies_and_is_planned deleted this example without waiting: an apply while its
+    # finalizer still runs would patch the terminating object, which then disappears.
+    wait_for(lambda: kubectl("get", "kvis", name, "-n", ns, check=False).returncode != 0,
+             f"the earlier {name} to be deleted", 120)
     kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(body))
     try:
         try:
             wait_for(lambda: kubectl("get", "httproute", route_name(name), "-n", ns, check=False).returncode == 0,
                      "the canary's HTTPRoute", 120)
         except AssertionError as exc:
-            status = kubectl.get("kvis", name, "-n", ns).get("status")
+            got = kubectl("get", "kvis", name, "-n", ns, "-o", "json", check=False)
+            status = json.loads(got.stdout).get("status") if got.returncode == 0 else got.stderr
             raise AssertionError(f"{exc}; status {status}; log:\n{installed['operator'].text()[-2000:]}") from None
         route = kubectl.get("httproute", route_name(name), "-n", ns)
         assert route["spec"]["parentRefs"][0]["name"] == "inference-gateway"
