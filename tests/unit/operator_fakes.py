@@ -8,6 +8,7 @@ from typing import Any
 
 from kvpilot.operator import constants as c
 from kvpilot.operator.kube import KubeError, object_path
+from kvpilot.operator.reconciler import Context, reconcile
 from tests.helpers.model_configs import DEEPSEEK_V3, LLAMA3_8B  # noqa: F401 - re-exported to the operator tests
 
 SHA = "ab" * 32
@@ -98,3 +99,19 @@ class FakeKube:
 
     def find(self, kind: str, name: str, api_version: str = "v1") -> dict[str, Any] | None:
         return self.objects.get(object_path(api_version, kind, "ns", name))
+
+
+class Run:
+    """One InferenceService reconciled against a FakeKube, its events kept."""
+
+    def __init__(self, kube: FakeKube) -> None:
+        self.kube, self.events = kube, []
+        self.ctx = Context(kube=kube, emit=lambda *e: self.events.append(e), now=lambda: "2026-01-01T00:00:00Z")
+
+    def reconcile(self, body: dict):  # type: ignore[no-untyped-def]
+        self.kube.add(body)
+        live = self.kube.get(f"/apis/{c.API_VERSION}/namespaces/ns/{c.PLURAL}/{body['metadata']['name']}")
+        return reconcile(self.ctx, live)
+
+    def status(self, name: str = "chat") -> dict:
+        return self.kube.find(c.KIND, name, c.API_VERSION)["status"]

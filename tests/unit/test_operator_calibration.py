@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from operator_fakes import DEEPSEEK_V3, LLAMA3_8B, FakeKube, service
+from operator_fakes import DEEPSEEK_V3, LLAMA3_8B, FakeKube, Run, service
 
-from kvpilot.operator import constants as c
 from kvpilot.operator.builders import build_deployment
 from kvpilot.operator.builders.calibration import CALIBRATION_DIR
 from kvpilot.operator.builders.engine_args import engine_args
 from kvpilot.operator.builders.security import container_security_context, pod_security_context
 from kvpilot.operator.conditions import get_condition
 from kvpilot.operator.preflight import preflight
-from kvpilot.operator.reconciler import Context, InvalidSpec, RetryLater, reconcile
+from kvpilot.operator.reconciler import InvalidSpec, RetryLater
 from kvpilot.operator.spec import CalibrationRef, ServiceSpec, track_digest
 from kvpilot.operator.tracks import canary_spec
 from kvpilot.planner import PlannerError
@@ -140,18 +139,10 @@ def test_a_canary_replaces_the_calibration_as_a_whole() -> None:
     assert canary is not None and canary.strategy.calibration == CalibrationRef("new-text")
 
 
-class Run:
-    def __init__(self, kube: FakeKube) -> None:
-        self.kube, self.events = kube, []
-        self.ctx = Context(kube=kube, emit=lambda *e: self.events.append(e), now=lambda: "2026-01-01T00:00:00Z")
-
-    def reconcile(self, body: dict):  # type: ignore[no-untyped-def]
-        self.kube.add(body)
-        return reconcile(self.ctx, self.kube.get(f"/apis/{c.API_VERSION}/namespaces/ns/{c.PLURAL}/chat"))
-
-    def condition(self) -> dict:
-        status = self.kube.find(c.KIND, "chat", c.API_VERSION)["status"]
-        return {"phase": status["phase"], **get_condition(status["conditions"], "CapacityPlanned")}
+def capacity_condition(run: Run) -> dict:
+    """The service's phase and its CapacityPlanned condition."""
+    status = run.status()
+    return {"phase": status["phase"], **get_condition(status["conditions"], "CapacityPlanned")}
 
 
 @pytest.mark.parametrize("configmap, words", [
@@ -170,7 +161,7 @@ def test_reconcile_waits_for_a_usable_calibration_configmap_before_any_pod(confi
     for word in words:
         assert word in str(exc.value)
     assert run.kube.find("Deployment", "chat-stable", "apps/v1") is None
-    condition = run.condition()
+    condition = capacity_condition(run)
     assert (condition["phase"], condition["status"], condition["reason"]) == ("Pending", "False",
                                                                              "CalibrationUnavailable")
     assert run.events == [("Warning", "CalibrationUnavailable", str(exc.value))]
@@ -182,14 +173,14 @@ def test_reconcile_with_an_immutable_calibration_configmap_schedules_the_pod() -
     assert run.reconcile(service(strategy=CALIBRATED_GQA)).feasible
     dep = run.kube.find("Deployment", "chat-stable", "apps/v1")
     assert any(v["name"] == "calibration" for v in dep["spec"]["template"]["spec"]["volumes"])
-    assert run.condition()["status"] == "True"
+    assert capacity_condition(run)["status"] == "True"
 
 
 def test_reconcile_refuses_rope_dims_beyond_head_dim_as_an_invalid_spec() -> None:
     run = Run(FakeKube())
     with pytest.raises(InvalidSpec, match="mlaRopeDims"):
         run.reconcile(service(strategy={**ROPE_MLA, "mlaRopeDims": 130}))
-    condition = run.condition()
+    condition = capacity_condition(run)
     assert (condition["phase"], condition["reason"]) == ("Failed", "InvalidSpec")
     assert run.kube.find("Deployment", "chat-stable", "apps/v1") is None
     assert [e[:2] for e in run.events] == [("Warning", "InvalidSpec")]

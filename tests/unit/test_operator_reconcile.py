@@ -5,28 +5,14 @@ from __future__ import annotations
 import copy
 
 import pytest
-from operator_fakes import DEEPSEEK_V3, FakeKube, service
+from operator_fakes import DEEPSEEK_V3, FakeKube, Run, service
 
 from kvpilot.operator import constants as c
 from kvpilot.operator.conditions import get_condition
-from kvpilot.operator.reconciler import Context, InvalidSpec, RetryLater, reconcile
+from kvpilot.operator.reconciler import InvalidSpec, RetryLater, reconcile
 from kvpilot.operator.watcher import follow_deployment
 
 pytestmark = pytest.mark.unit
-
-
-class Run:
-    def __init__(self, kube: FakeKube) -> None:
-        self.kube, self.events = kube, []
-        self.ctx = Context(kube=kube, emit=lambda *e: self.events.append(e), now=lambda: "2026-01-01T00:00:00Z")
-
-    def reconcile(self, body: dict):  # type: ignore[no-untyped-def]
-        self.kube.add(body)
-        live = self.kube.get(f"/apis/{c.API_VERSION}/namespaces/ns/{c.PLURAL}/{body['metadata']['name']}")
-        return reconcile(self.ctx, live)
-
-    def status(self, name: str = "chat") -> dict:
-        return self.kube.find(c.KIND, name, c.API_VERSION)["status"]
 
 
 def test_feasible_service_gets_children_status_and_events() -> None:
