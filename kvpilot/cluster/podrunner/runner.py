@@ -93,6 +93,8 @@ class PodRunner:
             run.sigterm_at = now + DRAIN_DELAY_S
             self.leaving[uid] = run
         self._drain(now)
+        for uid in [u for u in self._waiting if u not in wanted]:  # deleted while waiting for a volume
+            del self._waiting[uid]
         for uid, pod in wanted.items():
             if uid not in self.pods:
                 self._start_pod(pod)
