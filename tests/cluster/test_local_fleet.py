@@ -61,6 +61,12 @@ def pinned(value: str, to: str) -> dict:
             "backendRefs": [{"name": to, "port": 8000}]}
 
 
+def _served(url: str, pin: str | None) -> bool:
+    """One request through the gateway (pinned to a strategy, or by the route's weights) succeeded."""
+    gen = LoadGenerator(url, rate_per_s=10, max_tokens=1, pin=pin)
+    return all(o.ok for o in asyncio.run(gen.run(requests=1)))
+
+
 def conditions_of(api: ApiClient, ns: str, name: str) -> dict:
     return route_conditions(api.request("GET", f"{ROUTES.format(ns=ns)}/{name}"), CONTROLLER_NAME)
 
@@ -82,6 +88,8 @@ def two_tracks(local_fleet: LocalCluster, fleet_model: Path) -> Iterator[TwoTrac
         wait(lambda: ready_addresses(api, ns, "chat-stable") and ready_addresses(api, ns, "chat-canary"),
              "both engines ready behind their Services", 240)
         wait(lambda: conditions_of(api, ns, "chat").get("Accepted", {}).get("status") == "True", "route accepted")
+        # Accepted may predate the ready endpoints; nginx has both upstreams once a request to each succeeds
+        wait(lambda: _served(url, "canary") and _served(url, None), "the gateway to serve both tracks", 60)
         (stable_ip,) = ready_addresses(api, ns, "chat-stable")
         (canary_ip,) = ready_addresses(api, ns, "chat-canary")
         yield TwoTracks(api, ns, url, stable_ip, canary_ip)
