@@ -123,7 +123,7 @@ def build_engine(config: EngineConfig, gqa_calibrate: dict[str, Any] | None = No
 def heldout_windows(model_dir: Path, tokenizer, length: int, count: int) -> list[list[int]]:
     meta = model_dir / "heldout.json"
     if meta.is_file():
-        files = [Path(p) for p in json.loads(meta.read_text())["heldout_files"]]
+        files = [model_dir / p for p in json.loads(meta.read_text())["heldout_files"]]  # absolute ones stay
     else:  # not trained by train_tiny: fall back to its held-out list
         import sys
 
@@ -177,7 +177,7 @@ def main() -> None:
             overrides = dict(overrides)
             how, mla_how = overrides.pop("gqa_calibrate", None), overrides.pop("mla_convert", None)
             config = EngineConfig(model=str(args.model), device=args.device, show_progress=False,
-                                  cpu_kv_cache_bytes=256 * 2**20,
+                                  cpu_kv_cache_bytes=256 * 2**20, cuda_graphs=False,  # scoring never decodes
                                   gpu_memory_utilization=args.gpu_memory_utilization, **overrides)  # fmt: skip
             engine = build_engine(config, how, mla_how)
         except (ValueError, NotImplementedError, RuntimeError) as exc:

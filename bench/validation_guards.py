@@ -34,6 +34,8 @@ def main() -> None:
     parser.add_argument("--reserve", type=float, default=0.1)
     parser.add_argument("--only", help="comma-separated label prefixes (default: all)")
     parser.add_argument("--calibration", help="a text file (not held out): adds the calibrated GQA/MLA conversions")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     args = parser.parse_args()
     raw = json.loads((args.model / "config.json").read_text())
     heads_kv = int(raw.get("num_key_value_heads") or raw["num_attention_heads"])
@@ -43,7 +45,8 @@ def main() -> None:
         if label == "native" or (args.only and not any(label.startswith(p) for p in args.only.split(","))):
             continue
         engine = LLMEngine(EngineConfig(
-            model=str(args.model), device="cpu", show_progress=False, cpu_kv_cache_bytes=256 * 2**20,
+            model=str(args.model), device=args.device, show_progress=False, cpu_kv_cache_bytes=256 * 2**20,
+            gpu_memory_utilization=args.gpu_memory_utilization,
             validate_every=args.every, validation_sample_rate=1.0, fallback_reserve=args.reserve, **overrides,
         ))  # fmt: skip
         prompts = heldout_windows(args.model, engine.tokenizer, args.prompt_length, args.prompts)

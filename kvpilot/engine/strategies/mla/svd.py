@@ -62,6 +62,7 @@ def pair_dims(pairs: torch.Tensor, head_dim: int) -> torch.Tensor:
 
 def complement(index: torch.Tensor, head_dim: int) -> torch.Tensor:
     """Per row of index [Hkv, R], the other dims of 0..head_dim-1, ascending: [Hkv, D - R]."""
+    index = index.cpu()
     mask = torch.ones(index.shape[0], head_dim, dtype=torch.bool)
     mask.scatter_(1, index, False)
     return torch.arange(head_dim).expand(index.shape[0], -1)[mask].view(index.shape[0], -1)
@@ -78,7 +79,9 @@ def whitening(inputs: torch.Tensor, damping: float = 1e-4) -> torch.Tensor:
     truncated SVD of W S, mapped back by S^-1 (activation-aware SVD, as SVD-LLM does)."""
     x = inputs.double()
     cov = x.T @ x / x.shape[0]
-    cov += damping * cov.diagonal().mean().clamp_min(1e-12) * torch.eye(cov.shape[0], dtype=cov.dtype)
+    cov += damping * cov.diagonal().mean().clamp_min(1e-12) * torch.eye(
+        cov.shape[0], dtype=cov.dtype, device=cov.device
+    )
     return torch.linalg.cholesky(cov)
 
 
@@ -102,6 +105,7 @@ def factorize_kv(
     check_rope_dims(head_dim, rope_dims)
     if pairs is None:
         pairs = torch.arange(rope_dims // 2).expand(num_kv_heads, -1)
+    pairs = pairs.cpu()  # index tensors stay on the host (they index the weights on any device)
     if pairs.shape != (num_kv_heads, rope_dims // 2) or (pairs.numel() and not 0 <= int(pairs.min()) <= int(
         pairs.max()) < head_dim // 2):  # fmt: skip
         raise ValueError(f"pairs must be [Hkv={num_kv_heads}, {rope_dims // 2}] indices below {head_dim // 2}")
@@ -179,7 +183,7 @@ def reconstruct_k(conv: MlaConversion, num_kv_heads: int) -> torch.Tensor:
     """The approximate W_K [Hkv*D, hidden]: exact RoPE rows and up_k @ down elsewhere, in head order."""
     head_dim = conv.rope_index.shape[1] + conv.nope_index.shape[1]
     hidden = conv.down.shape[1]
-    w = torch.empty(num_kv_heads, head_dim, hidden)
+    w = torch.empty(num_kv_heads, head_dim, hidden, dtype=conv.down.dtype, device=conv.down.device)
     heads = torch.arange(num_kv_heads)[:, None]
     w[heads, conv.nope_index] = (conv.up_k @ conv.down).reshape(num_kv_heads, -1, hidden)
     w[heads, conv.rope_index] = conv.k_rope.reshape(num_kv_heads, -1, hidden)

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Issue 21 on the H200, one stage per device call (600 s each; results in $OUT):
+#   quality: train the bigger model (bench/train_tiny.py --size medium, 8 layers of hidden 512, heads of 64)
+#            on the stdlib, score every strategy at its training length, runtime guards on it; the
+#            checkpoint comes back as a bf16 copy in tar pieces (identical weights: --bf16-weights)
+#   gpu:     the issue's GPU tests (8-bit caches with the reserve under CUDA graphs, MLA absorbed decode)
+#            then the timed benches: converted MLA decode (exact RoPE / partial RoPE absorbed vs exact
+#            attention) and the 8-bit caches with and without the reserve, graphs on
+set -u
+export PYTHONPATH=".:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+out="${OUT:-device_out}"
+mkdir -p "$out"
+cal=$(python3 -c "import textwrap; print(textwrap.__file__)")
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
+case "${1:-quality}" in
+quality)
+    timeout 240 python3 bench/train_tiny.py /tmp/medium --device cuda --size medium --corpus all --steps "${STEPS:-800}" \
+        --batch 24 --seq-len 1024 --lr 1.5e-3 --bf16-weights --export-bf16 /tmp/medium-bf16 2>&1 \
+        | grep -E "held-out|^step [0-9]*000 |steps" | tee "$out/train.log"
+    tar -C /tmp -cf - medium-bf16 | split -b 15M - "$out/medium-bf16.tar.part-"
+    timeout 270 python3 bench/perplexity.py /tmp/medium --device cuda --windows 8 --length 1024 --calibration "$cal" \
+        --only "${ONLY:-native,int8,fp8,gqa,mla r=,mla-rope8 r=128 turn,mla-rope16 r=128 turn,linear,eviction}" 2>&1 \
+        | grep -v "^ *$" | tee "$out/perplexity.log" | grep -E "^\||refused|Error" | tail -40
+    timeout 100 python3 bench/validation_guards.py /tmp/medium --device cuda --prompts 4 --tokens 64 --every 16 \
+        --calibration "$cal" --only "int8,fp8,gqa 4,mla r=128,mla-rope8 r=128 turn,linear (Performer, window 64),eviction sinks" \
+        2>&1 | tee "$out/guards.log" | grep -E "^\||Error" | tail -20
+    ;;
+gpu)
+    timeout 260 python3 -m pytest -p no:cacheprovider -m gpu -q -o addopts="" -rf --junitxml="$out/gpu.xml" \
+        tests/gpu/test_kv_quant_graphs_gpu.py tests/gpu/test_cuda_graphs_gpu.py tests/gpu/test_kv_quant_engine_gpu.py \
+        tests/gpu/test_mla_engine_gpu.py tests/gpu/test_strategy_kernels_gpu.py tests/gpu/test_eviction_gpu.py 2>&1 | tail -15
+    timeout 150 python3 bench/bench_mla_engine.py --device cuda --layers 4 --batch 64 --prompt 2048 --new 64 \
+        --ranks 256,512 --rope-dims 16,32 --skip-deepseek 2>&1 | tee "$out/mla_engine.log" | grep -E "^\||Error" | tail -12
+    timeout 150 python3 bench/bench_kv_quant_engine.py --layers 4 --batch 64 --context 4096 \
+        --caches bf16,int8,int8-no-reserve,fp8,fp8-no-reserve --new-tokens 128 --cuda-graphs \
+        --json "$out/kv_quant_graphs.json" 2>&1 | tee "$out/kv_quant.log" | grep -E "^\||Error" | tail -8
+    ;;
+esac
