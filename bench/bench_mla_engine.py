@@ -66,7 +66,10 @@ def decode_rate(path: Path, device: str, batch: int, prompt: int, new: int, **en
     llm = LLM(str(path), device=device, dtype="bfloat16" if device != "cpu" else "float32",
               show_progress=False, max_num_seqs=batch, max_num_batched_tokens=max(4096, prompt),
               num_kv_blocks=batch * ((prompt + new) // 16 + 2), fallback_reserve=0.0, validation_sample_rate=0.0,
-              **engine)  # fmt: skip  (no reserve, no validation: pure decode; every block a latent block)
+              enable_prefix_caching=False, **engine)  # fmt: skip
+    # no reserve, no validation: pure decode, every block a latent block; no prefix caching: each timed run
+    # prefills the same way (a cached prompt in one run and not the other made the difference of two runs
+    # negative: the "exact" row of session 8 read 4e12 tok/s)
     prompts = [[3 + (i * 7 + j) % 300 for j in range(prompt)] for i in range(batch)]
 
     def timed(n: int) -> float:
