@@ -7,9 +7,10 @@ Random bf16 checkpoints with a few layers (dense MLPs: the MoE is plain torch an
   several latent ranks (KV bytes per token, decode tokens/s; the conversion decompresses the context's
   keys every step (V is absorbed), so it is expected to be slower: its gain is memory); and the
   partial-RoPE conversion (`mla_rope_dims`, `--rope-dims`, default 16) whose decode is absorbed on both
-  sides through the mla_decode kernel (strategies/mla/absorbed.py). The converted engines decode
-  eagerly (no CUDA graphs for latent caches, worker/cuda_graphs.py), so exact attention is also timed
-  with `enforce_eager` ("exact eager") to separate the graphs' share from the attention's.
+  sides through the mla_decode kernel (strategies/mla/absorbed.py). The conversion with RoPE on every
+  dim decodes eagerly (it plans each step on the host, worker/cuda_graphs.py); the partial-RoPE one
+  replays CUDA graphs since session 8, as exact attention does; exact attention is also timed with
+  `enforce_eager` ("exact eager") to separate the graphs' share from the attention's.
 
 Decode tokens/s = (B x N) / (time(prompt + N tokens) - time(prompt + 1 token)), B sequences at once.
 

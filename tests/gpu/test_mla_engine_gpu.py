@@ -108,5 +108,7 @@ def test_partial_rope_conversion_absorbed_on_cuda(tmp_path, monkeypatch, dtype: 
     assert mla["absorbed_decode"] and mla["latent_width"] == 32 + 2 * 16
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_NEW))
     assert calls, "decode did not go through the Triton kernel"
+    graphs = llm.engine.runner.decode_graphs  # captured since session 8 (worker/cuda_graphs.absorbed_conversion)
+    assert graphs is not None and graphs.replays_total > 0, "the absorbed conversion's decode steps were not replayed"
     for prompt, out in zip(PROMPTS, outs, strict=True):
         assert_near_optimal(model, prompt, out["token_ids"], LOGIT_TOL if dtype == "float32" else 0.1)

@@ -120,6 +120,20 @@ def test_store_latent_matches_reference() -> None:
     assert int((got.view(-1, 64).abs().sum(1) > 0).sum()) == 4
 
 
+def test_store_latent_rows_without_rope_part() -> None:
+    """The MLA conversion stores its latent alone (R = 0): same rows, padding (-1) skipped."""
+    from kvpilot.engine.kernels.mla_decode.store import store_latent_reference, store_latent_triton
+
+    gen = torch.Generator().manual_seed(6)
+    latent = torch.randn(5, 24, generator=gen)
+    slots = torch.tensor([9, -1, 2, 30, -1], dtype=torch.int32)
+    got, want = torch.zeros(3, PAGE, 24), torch.zeros(3, PAGE, 24)
+    store_latent_triton(latent, latent[:, 24:], got, slots)
+    store_latent_reference(latent, latent[:, 24:], want, slots)
+    assert torch.equal(got, want) and torch.equal(got.view(-1, 24)[30], latent[3])
+    assert int((got.view(-1, 24).abs().sum(1) > 0).sum()) == 3
+
+
 def test_ops_dispatch_between_triton_and_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     from kvpilot.engine.kernels.mla_decode import ops
 

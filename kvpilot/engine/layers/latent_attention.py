@@ -80,16 +80,12 @@ class LatentAttention(nn.Module):
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def _store(self, latent: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        if self.rope_split is not None:
-            from kvpilot.engine.kernels.mla_decode.ops import store_latent
+        """Rows into the cache at slot_mapping (-1 skips): on CUDA the store_latent kernel, with no
+        boolean mask (a mask costs a host sync per layer and cannot be captured in a CUDA graph)."""
+        from kvpilot.engine.kernels.mla_decode.ops import store_latent
 
-            store_latent(
-                latent[:, : self.rope_split], latent[:, self.rope_split :], self.kv_cache, slot_mapping
-            )
-            return
-        keep = slot_mapping >= 0
-        rows = self.kv_cache.view(-1, self.width)
-        rows[slot_mapping[keep].long()] = latent[keep]
+        split = self.rope_split if self.rope_split is not None else self.width
+        store_latent(latent[:, :split], latent[:, split:], self.kv_cache, slot_mapping)
 
 
 def attend_paged(

@@ -16,8 +16,10 @@ something a graph cannot repeat (decided by inspection; when in doubt, eager):
   - model families other than llama / mistral / qwen2: DeepSeek (MLA, MoE routing with
     data-dependent expert batches) and MiniMax (recurrent state slots attached per step);
   - any attention layer that is not the plain paged `Attention`: Performer / linear conversion
-    (exact window + summary, per-sequence exact-path flags), MLA conversion or native MLA
-    (latent cache, per-step plans), and the recurrent linear state;
+    (exact window + summary, per-sequence exact-path flags), the MLA conversion with RoPE on every
+    dim or native MLA (latent cache, per-step plans), and the recurrent linear state. The MLA
+    conversion with partial RoPE captures (`absorbed_conversion`): its decode is the mla_decode
+    kernel over the latent rows, its store the store_latent kernel, neither plans on the host;
   - `kv_cache_dtype` auto switching, or a GQA conversion's fallback reserve (unmerged K/V blocks,
     strategies/fallback/split.py): a step's layers take per-pool paths chosen on the host;
   - eviction: resident views shrink and positions run ahead of context lengths.
@@ -32,6 +34,8 @@ in the 8-bit pool (`Context.exact_pool_seqs == 0`, counted on the host from the 
 common case; their 8-bit block ids and slots are rebased by the reserve's size on the device, inside
 the graph (kv_quant/layer.split_step), so the static buffers hold the engine's own ids. A step with
 a sequence moved to the reserve by runtime validation runs eagerly until that sequence finishes.
+The absorbed MLA conversion's fallback reserve (unconverted K/V blocks) is graphed the same way.
+A capture that fails leaves the engine eager (logged), as a refusal does.
 fp8 caches capture too: their per-layer scales are calibrated from a layer's first write, which is
 always an eager prefill step (a sequence is prefilled before it decodes), and updated in place, so
 a graph captured earlier reads the calibrated scales; static steps never calibrate (`graph_static`).
@@ -49,6 +53,7 @@ from torch import nn
 
 from kvpilot.engine.context import Context, reset_context, set_context
 from kvpilot.engine.layers.attention import Attention
+from kvpilot.engine.layers.latent_attention import LatentAttention
 
 log = logging.getLogger("kvpilot.engine.worker.cuda_graphs")
 
@@ -243,31 +248,56 @@ class DecodeGraphs:
         return self.outputs[:n]
 
 
+def absorbed_conversion(runner: Any) -> bool:
+    """The MLA conversion with partial RoPE: its decode reads the latent cache through the mla_decode
+    kernel (strategies/mla/partial.py), with no per-step plan on the host, so it can be captured."""
+    mla = getattr(runner, "mla", None)
+    return mla is not None and mla.mode == "converted" and mla.absorbed_decode
+
+
 def _kv_kind(runner: Any) -> str:
     kind = runner.kv_layout.kind
-    if not runner.kv_layout.is_quantised and len(runner.kv_pool_sizes) == 2:  # a GQA conversion's reserve
-        return f"{kind} with a conversion's fallback reserve pool"
-    return kind  # int8/fp8 with a 16-bit reserve capture: steps with a reserve sequence run eagerly
+    if not runner.kv_layout.is_quantised and len(runner.kv_pool_sizes) == 2 and not absorbed_conversion(runner):
+        return f"{kind} with a conversion's fallback reserve pool"  # GQA's, or MLA's with RoPE on every dim
+    # int8/fp8 and the absorbed MLA conversion with a reserve capture: a step with no reserve sequence
+    # rebases block ids on the device (kv_quant/layer.split_step); one with a reserve sequence runs eagerly
+    return kind
+
+
+def graph_attention(runner: Any) -> bool:
+    """Every attention layer is one a graph can replay: the plain paged `Attention`, or the absorbed MLA
+    conversion's latent attention."""
+    absorbed = absorbed_conversion(runner)
+    return all(type(m) is Attention or (absorbed and type(m) is LatentAttention)
+               for m in runner.model.attention_layers())  # fmt: skip
 
 
 @torch.inference_mode()
 def build_decode_graphs(runner: Any) -> DecodeGraphs | None:  # a ModelRunner (importing it would cycle)
-    """Capture the decode graphs for this runner, or log why it stays eager and return None."""
+    """Capture the decode graphs for this runner, or log why it stays eager and return None. A capture
+    that fails (an operation a graph cannot hold, e.g. a host sync) leaves the engine eager, with the
+    error in the log, rather than failing its start."""
     config, mc = runner.config, runner.model_config
     reason = engine_fallback_reason(
         device_type=runner.device.type,
         family=mc.family,
         kv_kind=_kv_kind(runner),
         eviction=config.eviction,
-        plain_attention=all(type(m) is Attention for m in runner.model.attention_layers()),
-        latent_cache=runner.mla.latent_width is not None,
+        plain_attention=graph_attention(runner),
+        latent_cache=runner.mla.latent_width is not None and not absorbed_conversion(runner),
         recurrent_state=runner.linear_state is not None,
     )
     if reason is not None:  # on by default: a CPU engine is not worth a warning, an uncapturable GPU one is
         (log.info if runner.device.type != "cuda" else log.warning)("cuda_graphs: decode steps stay eager (%s)", reason)
         return None
     graphs = uncaptured_decode_graphs(runner)
-    graphs.capture()
+    try:
+        graphs.capture()
+    except RuntimeError as exc:
+        log.warning("cuda_graphs: capture failed, decode steps stay eager: %s", str(exc).splitlines()[0][:300])
+        graphs.graphs.clear()
+        torch.cuda.synchronize()
+        return None
     log.info("cuda_graphs: captured decode buckets %s (block table width %d)", graphs.buckets, graphs.static.width)
     return graphs
 

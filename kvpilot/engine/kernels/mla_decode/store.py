@@ -38,7 +38,8 @@ def store_latent_reference(c_kv: torch.Tensor, k_pe: torch.Tensor, cache: torch.
 
 
 def store_latent_triton(c_kv: torch.Tensor, k_pe: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """c_kv [N, L] (after kv_a_layernorm), k_pe [N, R] (after RoPE) into cache [blocks, page, L + R]."""
+    """c_kv [N, L] (after kv_a_layernorm), k_pe [N, R] (after RoPE; R may be 0: rows of c_kv alone, the
+    MLA conversion's latent) into cache [blocks, page, L + R]."""
     check_triton_device(c_kv, k_pe, cache, slot_mapping)
     assert c_kv.dim() == 2 and k_pe.dim() == 2 and c_kv.shape[0] == k_pe.shape[0], "c_kv [N, L], k_pe [N, R]"
     rank, rope = c_kv.shape[1], k_pe.shape[1]
@@ -51,5 +52,5 @@ def store_latent_triton(c_kv: torch.Tensor, k_pe: torch.Tensor, cache: torch.Ten
         return
     _store_latent_kernel[(c_kv.shape[0],)](
         c_kv, k_pe, cache, slot_mapping, c_kv.stride(0), k_pe.stride(0),
-        RANK=rank, ROPE=rope, BLOCK_L=triton.next_power_of_2(rank), BLOCK_R=triton.next_power_of_2(rope),
+        RANK=rank, ROPE=rope, BLOCK_L=triton.next_power_of_2(rank), BLOCK_R=max(1, triton.next_power_of_2(rope)),
     )

@@ -25,24 +25,32 @@ from kvpilot.engine.strategies.mla.decode import DecodePlan
 
 
 def absorb_query(q_nope: torch.Tensor, up_k: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
-    """q_nope [B, H, Dn] with W_UK = up_k [Hkv*Dn, r] -> latent queries W_UK,g^T q_nope,h [B, H, r]."""
+    """q_nope [B, H, Dn] with W_UK = up_k [Hkv*Dn, r] -> latent queries W_UK,g^T q_nope,h [B, H, r].
+
+    One batched matmul per KV head over all its queries ([Hkv, B*G, Dn] x [Hkv, Dn, r]): broadcasting
+    [B, Hkv, G, Dn] against [Hkv, Dn, r] with torch.matmul would copy the weight once per sequence
+    (2 ms of copies per step at batch 64 on the H200, docs/benchmarks.md)."""
     batch, heads, dn = q_nope.shape
-    w_uk = up_k.view(num_kv_heads, dn, up_k.shape[1])  # [Hkv, Dn, r]
-    q = q_nope.view(batch, num_kv_heads, heads // num_kv_heads, dn)
-    return torch.matmul(q, w_uk).view(batch, heads, up_k.shape[1])
+    group, rank = heads // num_kv_heads, up_k.shape[1]
+    w_uk = up_k.view(num_kv_heads, dn, rank)  # [Hkv, Dn, r]
+    q = q_nope.reshape(batch, num_kv_heads, group, dn).transpose(0, 1).reshape(num_kv_heads, batch * group, dn)
+    out = torch.bmm(q, w_uk)  # [Hkv, B*G, r]
+    return out.view(num_kv_heads, batch, group, rank).transpose(0, 1).reshape(batch, heads, rank)
 
 
 def project_values(
     o_latent: torch.Tensor, up_v: torch.Tensor, v_bias: torch.Tensor | None, num_kv_heads: int
 ) -> torch.Tensor:
-    """Latent outputs sum_n p_n c_n [B, H, r] -> values [B, H, Dv] = W_UV,g o_h + b_V,g."""
+    """Latent outputs sum_n p_n c_n [B, H, r] -> values [B, H, Dv] = W_UV,g o_h + b_V,g (one batched
+    matmul per KV head, as `absorb_query`)."""
     batch, heads, rank = o_latent.shape
-    value_dim = up_v.shape[0] // num_kv_heads
-    w_uv = up_v.view(num_kv_heads, value_dim, rank).transpose(1, 2)  # [Hkv, r, Dv]
-    out = torch.matmul(o_latent.view(batch, num_kv_heads, heads // num_kv_heads, rank), w_uv)
+    group, value_dim = heads // num_kv_heads, up_v.shape[0] // num_kv_heads
+    w_uv = up_v.view(num_kv_heads, value_dim, rank).transpose(1, 2)  # [Hkv, r, Dv], a view
+    o = o_latent.reshape(batch, num_kv_heads, group, rank).transpose(0, 1).reshape(num_kv_heads, batch * group, rank)
+    out = torch.bmm(o, w_uv).view(num_kv_heads, batch, group, value_dim)  # [Hkv, B, G, Dv]
     if v_bias is not None:
-        out = out + v_bias.view(num_kv_heads, 1, value_dim)
-    return out.view(batch, heads, value_dim)
+        out = out + v_bias.view(num_kv_heads, 1, 1, value_dim)
+    return out.transpose(0, 1).reshape(batch, heads, value_dim)
 
 
 def latent_attention_torch(
