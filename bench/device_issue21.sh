@@ -6,6 +6,9 @@
 #   gpu:     the GPU tests (8-bit caches with the reserve under CUDA graphs, MLA absorbed decode)
 #            then the timed benches: converted MLA decode (exact RoPE / partial RoPE absorbed vs exact
 #            attention) and the 8-bit caches with and without the reserve, graphs on
+#   mla-speed: (session 9) the absorbed conversion since it replays CUDA graphs: its GPU tests, decode vs
+#            exact attention at 2k and 8k context, and the profile of both
+#   tier:    the whole gpu tier (tests/gpu and tests/kernels), junit in $OUT/tier.xml
 set -u
 export PYTHONPATH=".:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
 out="${OUT:-device_out}"
@@ -34,5 +37,19 @@ gpu)
     timeout 150 python3 bench/bench_kv_quant_engine.py --layers 4 --batch 64 --context 4096 \
         --caches bf16,int8,int8-no-reserve,fp8,fp8-no-reserve --new-tokens 128 --cuda-graphs \
         --json "$out/kv_quant_graphs.json" 2>&1 | tee "$out/kv_quant.log" | grep -E "^\||Error" | tail -8
+    ;;
+mla-speed)
+    timeout 120 python3 -m pytest -p no:cacheprovider -m gpu -q -o addopts="" -rf \
+        tests/gpu/test_mla_engine_gpu.py -k "partial or conversion" tests/gpu/test_calibrated_conversions_gpu.py 2>&1 | tail -5
+    for prompt in 2048 8192; do
+        timeout 160 python3 bench/bench_mla_engine.py --device cuda --layers 4 --batch 64 --prompt $prompt --new 64 \
+            --ranks 256 --rope-dims 16 --skip-deepseek 2>&1 | tee "$out/mla_engine_$prompt.log" | grep -E "tok/s|Error" | tail -6
+    done
+    timeout 150 python3 bench/profile_mla_absorbed.py --rows 24 > "$out/profile.log" 2>&1
+    grep -E "===|Self CUDA time total" "$out/profile.log"
+    ;;
+tier)
+    timeout 560 python3 -m pytest -p no:cacheprovider -m gpu tests/gpu tests/kernels -q -o addopts="" -rf \
+        --junitxml="$out/tier.xml" 2>&1 | tail -15
     ;;
 esac
