@@ -33,7 +33,7 @@ gpu)
         tests/gpu/test_kv_quant_graphs_gpu.py tests/gpu/test_cuda_graphs_gpu.py tests/gpu/test_kv_quant_engine_gpu.py \
         tests/gpu/test_mla_engine_gpu.py tests/gpu/test_strategy_kernels_gpu.py tests/gpu/test_eviction_gpu.py 2>&1 | tail -15
     timeout 150 python3 bench/bench_mla_engine.py --device cuda --layers 4 --batch 64 --prompt 2048 --new 64 \
-        --ranks 256,512 --rope-dims 16,32 --skip-deepseek 2>&1 | tee "$out/mla_engine.log" | grep -E "^\||Error" | tail -12
+        --ranks 256,512 --rope-dims 16,32 --skip-deepseek 2>&1 | tee "$out/mla_engine.log" | grep -E "tok/s|Error" | tail -12
     timeout 150 python3 bench/bench_kv_quant_engine.py --layers 4 --batch 64 --context 4096 \
         --caches bf16,int8,int8-no-reserve,fp8,fp8-no-reserve --new-tokens 128 --cuda-graphs \
         --json "$out/kv_quant_graphs.json" 2>&1 | tee "$out/kv_quant.log" | grep -E "^\||Error" | tail -8
