@@ -24,6 +24,7 @@ from kvpilot.engine.worker.cuda_graphs import (
 from tests.helpers.models import build_hf_checkpoint
 from tests.parity.helpers import engine_greedy, make_engine
 from tests.parity.test_kv_quant_graphs import with_cpu_graphs
+from tests.parity.test_mla_absorbed_engine import prompt_of
 from tests.unit.test_cuda_graphs import PLAIN
 
 pytestmark = pytest.mark.parity
@@ -36,16 +37,12 @@ LENGTHS = {"a": 26, "b": 10}  # 'a' outlives 'b' on the reserve, so it returns t
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory) -> str:
-    # 4 query heads on 2 KV heads of head_dim 16, hidden 64
+    # test_mla_absorbed_engine's checkpoint: 4 query heads on 2 KV heads of head_dim 16, hidden 64
     return str(build_hf_checkpoint(tmp_path_factory.mktemp("llama-gqa"), "llama", seed=2, num_key_value_heads=2))
 
 
 def engine(path: str, **kw):
     return make_engine(path, **{"device": "cpu", "block_size": 8, "num_kv_blocks": 256, **kw})
-
-
-def prompt_of(n: int, seed: int = 0) -> list[int]:
-    return [(i * 37 + 11 + seed * 101) % 370 + 3 for i in range(n)]
 
 
 def capture_reason(runner) -> str | None:
