@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -30,6 +29,7 @@ import pytest
 from tests.harness.cluster import k8s_api_client, unique_namespace, wait_for
 from tests.harness.fleet import EngineSpec, Fleet
 from tests.harness.gateway import apply_gateway, kube_client
+from tests.harness.operator import OperatorProcess
 from tests.harness.prometheus import LabelledTarget, PrometheusServer, free_port, prometheus_missing
 from tests.harness.sharp_model import sharpen
 
@@ -61,51 +61,20 @@ EARLY = {
 }
 
 
-class Operator:
-    """`kvpilot operator` as a child process that can be killed (SIGKILL) and started again."""
+class Operator(OperatorProcess):
+    """`kvpilot operator` with the rollout's flags and a metrics port; it can be killed (SIGKILL) and
+    started again."""
 
-    def __init__(self, kubeconfig: Path, args: list[str], log: Path) -> None:
-        self.kubeconfig, self.args, self.log = kubeconfig, args, log
-        self.proc: subprocess.Popen | None = None
+    def __init__(self, kubeconfig: Path, namespace: str, log: Path, args: list[str]) -> None:
+        super().__init__(kubeconfig, namespace, log)
+        self.args = args
         self.metrics_port = free_port()
 
-    def start(self) -> None:
-        health = free_port()
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONPATH": str(REPO)}
-        with self.log.open("a") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kvpilot.cli", "operator", *self.args, "--standalone",
-                 "--liveness", f"http://127.0.0.1:{health}/healthz", "--metrics-port", str(self.metrics_port)],
-                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        wait_for(lambda: _ok(f"http://127.0.0.1:{health}/healthz") or self.proc.poll() is not None,
-                 "operator liveness", 90)
-        assert self.proc.poll() is None, self.text()[-3000:]
-
-    def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill()
+    def command(self, liveness: str) -> list[str]:
+        return [*super().command(liveness), *self.args, "--metrics-port", str(self.metrics_port)]
 
     def metrics(self) -> str:
         return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-
-def _ok(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 class Load:
@@ -186,9 +155,8 @@ def env(k8s_cluster, gateway_api, tmp_path_factory) -> Iterator[dict[str, Any]]:
                 targets.append(LabelledTarget(engine.target.address, labels))
                 track_urls += ["--track-url", f"{ns}/{service}/{track}={engine.api_url}"]
         prom = PrometheusServer({"kvpilot-engines": targets}, work / "prometheus").start()
-        operator = Operator(k8s_cluster.kubeconfig, [
-            "--namespace", ns, "--prometheus-url", prom.url, "--gateway", f"gw/{ns}", "--rollout-tick", "1",
-            *track_urls], work / "operator.log")
+        operator = Operator(k8s_cluster.kubeconfig, ns, work / "operator.log", [
+            "--prometheus-url", prom.url, "--gateway", f"gw/{ns}", "--rollout-tick", "1", *track_urls])
         with Load([e.api_url for e in engines.values()]):
             kube.apply(probe_configmap(ns, engines["stable"].api_url))
             operator.start()

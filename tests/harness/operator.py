@@ -94,8 +94,13 @@ class OperatorProcess:
             try:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL, as a node failure or an OOM kill ends the operator: no finalizer or handler runs."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
     def text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
