@@ -1,5 +1,6 @@
-"""The partial-RoPE MLA conversion's GPU decode: the native mla_decode Triton kernel fed a block-diagonal
-rope query (strategies/mla/absorbed.py), under TRITON_INTERPRET on CPU, against the batched torch path.
+"""The partial-RoPE MLA conversion's GPU decode: the native mla_decode Triton kernel with `pe_group` (each
+head's rope query masked into its KV head's columns, strategies/mla/absorbed.py), under TRITON_INTERPRET
+on CPU, against the batched torch path and against the kernel fed the explicit block-diagonal query.
 
 Tiny shapes (the interpreter is slow): GQA groups, several sequences of uneven length over shuffled
 blocks, one and several context splits. Bound: 1e-5 relative in fp32.
@@ -32,6 +33,27 @@ def test_triton_path_matches_torch_path(lens, kv_heads, group, rope, splits) -> 
     got = latent_attention_triton(q_lat, q_rope, cache, tables, context, 0.3, kv_heads, splits)
     assert got.shape == want.shape == (len(lens), heads, rank)
     assert rel_err(got, want) < 1e-5
+
+
+def test_grouped_rope_query_equals_the_block_diagonal_one() -> None:
+    """pe_group=R (the masked load) is the shared-rope kernel fed head h's q_rope in columns g*R..(g+1)*R
+    of a zero [Hkv x R] query, g its KV head: built here explicitly, as the path did before session 8."""
+    from kvpilot.engine.kernels.mla_decode.kernel import mla_decode_triton
+
+    gen = torch.Generator().manual_seed(7)
+    lens, kv_heads, group, rope, rank = [5, 30], 2, 3, 4, 16
+    heads = kv_heads * group
+    cache, tables = paged(lens, rank + kv_heads * rope, gen)
+    context = torch.tensor(lens, dtype=torch.int32)
+    q_lat = torch.randn(len(lens), heads, rank, generator=gen)
+    q_rope = torch.randn(len(lens), heads, rope, generator=gen)
+    eye = torch.eye(kv_heads).repeat_interleave(group, dim=0)  # [H, Hkv]: head h -> its KV head
+    block_diagonal = (eye[None, :, :, None] * q_rope[:, :, None, :]).reshape(len(lens), heads, kv_heads * rope)
+    want = mla_decode_triton(q_lat, block_diagonal, cache, tables, context, 0.3)
+    got = mla_decode_triton(q_lat, q_rope, cache, tables, context, 0.3, pe_group=rope)
+    assert rel_err(got, want) < 1e-6
+    with pytest.raises(AssertionError, match="rope part"):
+        mla_decode_triton(q_lat, q_rope[:, :, :3], cache, tables, context, 0.3, pe_group=3)
 
 
 def test_engine_decodes_the_same_through_the_kernel(tmp_path, monkeypatch) -> None:

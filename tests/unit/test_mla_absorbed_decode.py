@@ -14,7 +14,6 @@ import torch
 
 from kvpilot.engine.strategies.mla.absorbed import (
     absorb_query,
-    block_diagonal_rope_query,
     latent_attention_torch,
     project_values,
 )
@@ -105,15 +104,6 @@ def test_absorbed_decode_equals_decompressing_attention(lens, kv_heads, group, r
     got = s.absorbed()
     assert got.shape == want.shape == (len(lens), kv_heads * group, 12)
     assert rel_err(got, want) < 1e-5
-
-
-def test_block_diagonal_rope_query_scores_each_head_against_its_own_kv_head() -> None:
-    gen = torch.Generator().manual_seed(1)
-    q = torch.randn(3, 6, 4, generator=gen)  # 6 heads on 2 KV heads
-    keys = torch.randn(5, 2 * 4, generator=gen)  # 5 tokens, rope rows of both KV heads
-    got = block_diagonal_rope_query(q, 2) @ keys.T  # [3, 6, 5]
-    want = torch.einsum("bhr,nhr->bhn", q, keys.view(5, 2, 4).repeat_interleave(3, dim=1))
-    torch.testing.assert_close(got, want)
 
 
 def test_norm_pairs_keep_the_pairs_carrying_the_most_magnitude() -> None:

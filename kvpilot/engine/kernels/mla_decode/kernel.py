@@ -28,7 +28,7 @@ def _mla_decode_kernel(
     qk_scale_log2,
     NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, RANK: tl.constexpr, BLOCK_L: tl.constexpr,
     ROPE: tl.constexpr, BLOCK_R: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, PE_GROUP: tl.constexpr, GROUP_SIZE: tl.constexpr,
 ):
     b = tl.program_id(0)
     hb = tl.program_id(1)
@@ -46,8 +46,13 @@ def _mla_decode_kernel(
     mask_r = offs_r < ROPE
     q_lat = tl.load(q_lat_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_l[None, :],
                     mask=mask_h[:, None] & mask_l[None, :], other=0.0)
-    q_pe = tl.load(q_pe_ptr + b * stride_pb + heads[:, None] * stride_ph + offs_r[None, :],
-                   mask=mask_h[:, None] & mask_r[None, :], other=0.0)
+    if PE_GROUP == 0:  # DeepSeek: one rope key shared by every head, q_pe [B, H, ROPE]
+        q_pe = tl.load(q_pe_ptr + b * stride_pb + heads[:, None] * stride_ph + offs_r[None, :],
+                       mask=mask_h[:, None] & mask_r[None, :], other=0.0)
+    else:  # the partial-RoPE conversion: q_pe [B, H, PE_GROUP], head h reads its KV head's PE_GROUP columns
+        own = (offs_r[None, :] // PE_GROUP) == (heads // GROUP_SIZE)[:, None]  # of the [Hkv x PE_GROUP] row
+        q_pe = tl.load(q_pe_ptr + b * stride_pb + heads[:, None] * stride_ph + (offs_r % PE_GROUP)[None, :],
+                       mask=mask_h[:, None] & mask_r[None, :] & own, other=0.0)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -101,14 +106,26 @@ def mla_decode_triton(
     block_n: int = 64,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    pe_group: int = 0,
 ) -> torch.Tensor:
-    """q_latent [B, H, L], q_pe [B, H, R] over cache [blocks, page, L + R] -> latent output [B, H, L]."""
+    """q_latent [B, H, L], q_pe [B, H, R] over cache [blocks, page, L + R] -> latent output [B, H, L].
+
+    `pe_group` P > 0 (the partial-RoPE MLA conversion): the row's R = Hkv x P rope columns are P per KV
+    head, q_pe is [B, H, P], and head h's score reads only its KV head's P columns (the kernel masks its
+    load into the block-diagonal [H, Hkv x P] query that the shared-rope formulation needs)."""
     check_triton_device(q_latent, q_pe, kv_cache, block_tables, context_lens)
     assert q_latent.dim() == 3 and q_pe.dim() == 3 and q_latent.shape[:2] == q_pe.shape[:2], (
         f"q_latent [B, H, L] and q_pe [B, H, R] disagree: {tuple(q_latent.shape)} vs {tuple(q_pe.shape)}"
     )
     batch, num_heads, rank = q_latent.shape
-    rope = q_pe.shape[2]
+    rope = kv_cache.shape[2] - rank if pe_group else q_pe.shape[2]
+    group_size = 1
+    if pe_group:
+        assert q_pe.shape[2] == pe_group and rope > 0 and rope % pe_group == 0, (
+            f"q_pe [B, H, {pe_group}] needs a rope part of Hkv x {pe_group} columns, the cache has {rope}"
+        )
+        assert num_heads % (rope // pe_group) == 0, f"{num_heads} heads over {rope // pe_group} KV heads"
+        group_size = num_heads // (rope // pe_group)
     assert kv_cache.dim() == 3 and kv_cache.shape[2] == rank + rope and kv_cache.is_contiguous(), (
         f"cache must be contiguous [blocks, page, {rank}+{rope}], got {tuple(kv_cache.shape)}"
     )
@@ -138,7 +155,8 @@ def mla_decode_triton(
         scale * LOG2E,
         NUM_HEADS=num_heads, BLOCK_H=block_h, RANK=rank, BLOCK_L=triton.next_power_of_2(rank),
         ROPE=rope, BLOCK_R=max(16, triton.next_power_of_2(rope)), PAGE=kv_cache.shape[1], BLOCK_N=block_n,
-        NUM_SPLITS=num_splits, num_warps=num_warps or (8 if rank >= 256 else 4), **stages,
+        NUM_SPLITS=num_splits, PE_GROUP=pe_group, GROUP_SIZE=group_size,
+        num_warps=num_warps or (8 if rank >= 256 else 4), **stages,
     )
     if num_splits > 1:
         split_reduce(part_o, part_lse, out)

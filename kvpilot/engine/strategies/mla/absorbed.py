@@ -10,11 +10,12 @@ Query head h reads KV head g = h // (H / Hkv); its query is [q_nope,h (D - R, no
 So a step reads r + Hkv x R numbers per cached token, where exact attention reads 2 x Hkv x D.
 
 `latent_attention_torch` is the batched torch path (CPU, or KVPILOT_KERNELS=torch); on CUDA (and under
-TRITON_INTERPRET) `latent_attention_triton` runs the native DeepSeek kernel kernels/mla_decode
-unchanged: its rows are [latent ; rope keys shared by all heads], so each query head's q_rope is
-placed in its own KV head's R columns of a zero [Hkv x R] query (block-diagonal), and the kernel's
-q_pe . k_pe is exactly q_rope,h . k_rope,g. That costs Hkv x R multiply-adds per head and token where
-R would do, and reads no more memory (each row is read whole either way).
+TRITON_INTERPRET) `latent_attention_triton` runs the native DeepSeek kernel kernels/mla_decode with
+`pe_group=R`: its rows are [latent ; rope keys of every KV head], so the kernel loads each query head's
+q_rope into its own KV head's R columns of a zero [Hkv x R] query (a masked load: the block-diagonal
+query is never built in memory), and its q_pe . k_pe is exactly q_rope,h . k_rope,g. That costs Hkv x R
+multiply-adds per head and token where R would do, and reads no more memory (each row is read whole
+either way).
 """
 
 from __future__ import annotations
@@ -73,14 +74,6 @@ def latent_attention_torch(
     return torch.matmul(probs.to(rows.dtype).view(batch, heads, length), latent)
 
 
-def block_diagonal_rope_query(q_rope: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
-    """q_rope [B, H, R] -> [B, H, Hkv*R]: head h's q_rope in columns g*R..(g+1)*R of its KV head g, 0 elsewhere."""
-    batch, heads, rope = q_rope.shape
-    eye = torch.eye(num_kv_heads, dtype=q_rope.dtype, device=q_rope.device)
-    q = q_rope.view(batch, num_kv_heads, heads // num_kv_heads, rope)
-    return torch.einsum("bkgr,kj->bkgjr", q, eye).reshape(batch, heads, num_kv_heads * rope)
-
-
 def latent_attention_triton(
     q_latent: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor,
     context_lens: torch.Tensor, scale: float, num_kv_heads: int, num_splits: int | None = None,
@@ -89,8 +82,7 @@ def latent_attention_triton(
     (`num_splits`: the kernel's split-K count, default its own choice)."""
     from kvpilot.engine.kernels.mla_decode.kernel import mla_decode_triton
 
-    q_pe = block_diagonal_rope_query(q_rope, num_kv_heads)
     return mla_decode_triton(
-        q_latent.to(cache.dtype).contiguous(), q_pe.to(cache.dtype).contiguous(), cache, block_tables,
-        context_lens, scale, num_splits,
+        q_latent.to(cache.dtype).contiguous(), q_rope.to(cache.dtype), cache, block_tables,  # q_rope: any row
+        context_lens, scale, num_splits, pe_group=q_rope.shape[2],  # strides, its last dim contiguous
     )

@@ -67,10 +67,10 @@ class PartialRopeMlaAttention(ConvertedMlaAttention):
         self.register_buffer("rope_index", rope_index)  # [Hkv, R]
         self.register_buffer("q_rope_index", rope_index.repeat_interleave(group, dim=0)[None])  # [1, H, R]
         self.register_buffer("q_nope_index", nope_index.repeat_interleave(group, dim=0)[None])  # [1, H, D-R]
-        self.register_buffer("k_rope", conv.k_rope.to(device, src.k_proj.weight.dtype))  # [Hkv*R, hidden]
+        # the kept key dims are the checkpoint's own k_proj rows (conv.k_rope), and k_proj stays for validation
+        # and the reserve: `_rope_keys` projects through it, so no copy of those rows is held
         bias = src.k_proj.bias
         rows = None if bias is None else bias.detach().view(kv_heads, head_dim)
-        self.register_buffer("k_rope_bias", None if rows is None else rows.gather(1, rope_index).reshape(-1))
         self.register_buffer("k_bias", None if rows is None else rows.gather(1, nope_index).reshape(-1))
         self.attn = LatentAttention(self.num_heads, self.rank + kv_heads * self.rope_dims, src.attn.scale)
 
@@ -95,14 +95,13 @@ class PartialRopeMlaAttention(ConvertedMlaAttention):
         return self.attn(q, latent, positions, self._expand, decode)
 
     def _rope_keys(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """The kept key dims after RoPE [T, Hkv*R], rotated by the model's own rotary (placed in a zero
-        head: RoPE mixes a pair's two dims only, so the other dims do not matter)."""
+        """The kept key dims after RoPE [T, Hkv*R]: the checkpoint's keys through the model's own rotary,
+        the kept dims gathered (three ops: at decode the projection's extra rows cost less than the
+        scatter into a zero head it replaces)."""
         t, kv_heads = x.shape[0], self.num_kv_heads
-        index = self.rope_index.expand(t, -1, -1)
-        k = F.linear(x, self.k_rope, self.k_rope_bias).view(t, kv_heads, self.rope_dims)
-        full = k.new_zeros(t, kv_heads, self.head_dim).scatter_(2, index, k)
-        full, _ = self.rotary_emb(positions, full, full[:, :1])
-        return full.gather(2, index).reshape(t, kv_heads * self.rope_dims)
+        k = self.k_proj(x).view(t, kv_heads, self.head_dim)
+        k, _ = self.rotary_emb(positions, k, k[:, :1])
+        return k.gather(2, self.rope_index.expand(t, -1, -1)).reshape(t, kv_heads * self.rope_dims)
 
     def _expand(self, rows: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Cached rows -> key [n, Hkv, D] = [W_UK c + b_nope ; k_rope], value [n, Hkv, Dv] (no RoPE to apply)."""
