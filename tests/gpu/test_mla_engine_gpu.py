@@ -84,6 +84,24 @@ def test_mla_conversion_full_rank_on_cuda(tmp_path, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_mla_conversion_fused_decode_on_cuda(tmp_path, monkeypatch, dtype: str) -> None:
+    """RoPE on every dim at full rank, head_dim 32: decode through the fused kernel (kernels/mla_conversion)
+    in CUDA graphs (session 8; first run on a GPU pending), near-optimal under HF's fp32 model."""
+    import transformers
+
+    monkeypatch.delenv("KVPILOT_KERNELS", raising=False)
+    path = build_hf_checkpoint(tmp_path / "llama", "llama", seed=1, num_key_value_heads=2, head_dim=32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+    llm = LLM(str(path), device="cuda", dtype=dtype, show_progress=False, num_kv_blocks=64,
+              attention="mla", latent_rank=64, block_size=8)  # fmt: skip
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_NEW))
+    graphs = llm.engine.runner.decode_graphs
+    assert graphs is not None and graphs.replays_total > 0, "the conversion's decode steps were not replayed"
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        assert_near_optimal(model, prompt, out["token_ids"], LOGIT_TOL if dtype == "float32" else 0.1)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_partial_rope_conversion_absorbed_on_cuda(tmp_path, monkeypatch, dtype: str) -> None:
     """mla_rope_dims = head_dim at full rank reproduces the checkpoint; its decode runs the mla_decode
     Triton kernel with a block-diagonal rope query (strategies/mla/absorbed.py)."""

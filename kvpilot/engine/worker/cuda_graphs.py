@@ -16,10 +16,11 @@ something a graph cannot repeat (decided by inspection; when in doubt, eager):
   - model families other than llama / mistral / qwen2: DeepSeek (MLA, MoE routing with
     data-dependent expert batches) and MiniMax (recurrent state slots attached per step);
   - any attention layer that is not the plain paged `Attention`: Performer / linear conversion
-    (exact window + summary, per-sequence exact-path flags), the MLA conversion with RoPE on every
-    dim or native MLA (latent cache, per-step plans), and the recurrent linear state. The MLA
-    conversion with partial RoPE captures (`absorbed_conversion`): its decode is the mla_decode
-    kernel over the latent rows, its store the store_latent kernel, neither plans on the host;
+    (exact window + summary, per-sequence exact-path flags), native MLA and an MLA conversion decoded
+    in torch (latent cache, per-step plans), and the recurrent linear state. An MLA conversion whose
+    decode is a kernel captures (`kernel_decoded_conversion`): partial RoPE through mla_decode, RoPE
+    on every dim through the fused mla_conversion kernel (head dims 32/64/128/256); the store is the
+    store_latent kernel; nothing plans on the host;
   - `kv_cache_dtype` auto switching, or a GQA conversion's fallback reserve (unmerged K/V blocks,
     strategies/fallback/split.py): a step's layers take per-pool paths chosen on the host;
   - eviction: resident views shrink and positions run ahead of context lengths.
@@ -34,7 +35,7 @@ in the 8-bit pool (`Context.exact_pool_seqs == 0`, counted on the host from the 
 common case; their 8-bit block ids and slots are rebased by the reserve's size on the device, inside
 the graph (kv_quant/layer.split_step), so the static buffers hold the engine's own ids. A step with
 a sequence moved to the reserve by runtime validation runs eagerly until that sequence finishes.
-The absorbed MLA conversion's fallback reserve (unconverted K/V blocks) is graphed the same way.
+A kernel-decoded MLA conversion's fallback reserve (unconverted K/V blocks) is graphed the same way.
 A capture that fails leaves the engine eager (logged), as a refusal does.
 fp8 caches capture too: their per-layer scales are calibrated from a layer's first write, which is
 always an eager prefill step (a sequence is prefilled before it decodes), and updated in place, so
@@ -248,27 +249,34 @@ class DecodeGraphs:
         return self.outputs[:n]
 
 
-def absorbed_conversion(runner: Any) -> bool:
-    """The MLA conversion with partial RoPE: its decode reads the latent cache through the mla_decode
-    kernel (strategies/mla/partial.py), with no per-step plan on the host, so it can be captured."""
+def kernel_decoded_conversion(runner: Any) -> bool:
+    """The MLA conversion whose decode is a Triton kernel over the latent rows with no per-step plan on
+    the host, so it can be captured: partial RoPE (mla_decode, absorbed, strategies/mla/partial.py), or
+    RoPE on every dim where the fused kernel fits the head (mla_conversion, strategies/mla/attention.py)."""
     mla = getattr(runner, "mla", None)
-    return mla is not None and mla.mode == "converted" and mla.absorbed_decode
+    if mla is None or mla.mode != "converted":
+        return False
+    if mla.absorbed_decode:
+        return True
+    from kvpilot.engine.strategies.mla.attention import fused_decode_fits
+
+    return fused_decode_fits(runner.model_config.head_dim, runner.dtype, runner.kv_layout.dtype)
 
 
 def _kv_kind(runner: Any) -> str:
     kind = runner.kv_layout.kind
-    if not runner.kv_layout.is_quantised and len(runner.kv_pool_sizes) == 2 and not absorbed_conversion(runner):
-        return f"{kind} with a conversion's fallback reserve pool"  # GQA's, or MLA's with RoPE on every dim
-    # int8/fp8 and the absorbed MLA conversion with a reserve capture: a step with no reserve sequence
+    if not runner.kv_layout.is_quantised and len(runner.kv_pool_sizes) == 2 and not kernel_decoded_conversion(runner):
+        return f"{kind} with a conversion's fallback reserve pool"  # GQA's, or MLA's decoded in torch
+    # int8/fp8 and a kernel-decoded MLA conversion with a reserve capture: a step with no reserve sequence
     # rebases block ids on the device (kv_quant/layer.split_step); one with a reserve sequence runs eagerly
     return kind
 
 
 def graph_attention(runner: Any) -> bool:
-    """Every attention layer is one a graph can replay: the plain paged `Attention`, or the absorbed MLA
-    conversion's latent attention."""
-    absorbed = absorbed_conversion(runner)
-    return all(type(m) is Attention or (absorbed and type(m) is LatentAttention)
+    """Every attention layer is one a graph can replay: the plain paged `Attention`, or the latent
+    attention of an MLA conversion decoded by a kernel."""
+    latent = kernel_decoded_conversion(runner)
+    return all(type(m) is Attention or (latent and type(m) is LatentAttention)
                for m in runner.model.attention_layers())  # fmt: skip
 
 
@@ -284,7 +292,7 @@ def build_decode_graphs(runner: Any) -> DecodeGraphs | None:  # a ModelRunner (i
         kv_kind=_kv_kind(runner),
         eviction=config.eviction,
         plain_attention=graph_attention(runner),
-        latent_cache=runner.mla.latent_width is not None and not absorbed_conversion(runner),
+        latent_cache=runner.mla.latent_width is not None and not kernel_decoded_conversion(runner),
         recurrent_state=runner.linear_state is not None,
     )
     if reason is not None:  # on by default: a CPU engine is not worth a warning, an uncapturable GPU one is

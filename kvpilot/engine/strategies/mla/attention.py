@@ -6,7 +6,10 @@ K = up_k c (+ bias), applies RoPE at each cached token's position, and V = up_v 
 causal softmax attention (layers/latent_attention.LatentAttention). All head dims are factorised (rope_dims 0
 in strategies/mla/svd.py): these checkpoints were trained with RoPE on every dim, so the
 reconstructed key is rotated at attention time and W_UK is not absorbed (see docs/strategies.md).
-Decode runs batched with W_UV absorbed (strategies/mla/decode.py); prefill decompresses.
+Decode runs batched with W_UV absorbed: on CUDA (and under TRITON_INTERPRET) through the fused kernel
+kernels/mla_conversion, which decompresses and rotates each KV head's keys a tile at a time inside the
+program (no per-step plan on the host, so its steps replay as CUDA graphs); elsewhere, or for a head
+dim the kernel cannot tile, through the torch path strategies/mla/decode.py. Prefill decompresses.
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvpilot.engine.context import get_context
+from kvpilot.engine.kernels.dispatch import backend_for
 from kvpilot.engine.layers.latent_attention import LatentAttention
 from kvpilot.engine.models.llama import LlamaAttention
 from kvpilot.engine.strategies.fallback.split import attend_with_reserve
+from kvpilot.engine.strategies.mla.absorbed import project_values
 from kvpilot.engine.strategies.mla.decode import DecodePlanner, converted_mla_decode
 from kvpilot.engine.strategies.mla.svd import MlaConversion
 
@@ -33,11 +38,15 @@ class ConvertedMlaAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = src.num_heads, src.num_kv_heads, src.head_dim
         self.q_proj, self.o_proj, self.rotary_emb = src.q_proj, src.o_proj, src.rotary_emb
         dtype, device = src.k_proj.weight.dtype, src.k_proj.weight.device
-        self.register_buffer("down", conv.down.to(device, dtype))
-        self.register_buffer("up_k", conv.up_k.to(device, dtype))
-        self.register_buffer("up_v", conv.up_v.to(device, dtype))
+        # row-major (the SVD's factors come column-major from LAPACK; the fused decode kernel reads rows)
+        self.register_buffer("down", conv.down.to(device, dtype).contiguous())
+        self.register_buffer("up_k", conv.up_k.to(device, dtype).contiguous())
+        self.register_buffer("up_v", conv.up_v.to(device, dtype).contiguous())
         self.register_buffer("k_bias", None if src.k_proj.bias is None else src.k_proj.bias.detach().clone())
         self.register_buffer("v_bias", None if src.v_proj.bias is None else src.v_proj.bias.detach().clone())
+        # the fused decode kernel's RoPE frequencies (fp32, as the model's rotary computes its angles)
+        self.register_buffer("inv_freq", src.rotary_emb.inv_freq.detach().float().to(device).contiguous(),
+                             persistent=False)  # fmt: skip
         self.attn = LatentAttention(self.num_heads, conv.rank, src.attn.scale)
         self.conversion = conv
         # The original projections stay for runtime validation's exact side (strategies/mla/check.py) and the
@@ -87,6 +96,14 @@ class ConvertedMlaAttention(nn.Module):
     def _decode(
         self, q: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor
     ) -> torch.Tensor:
+        if backend_for(q) == "triton" and fused_decode_fits(self.head_dim, q.dtype, cache.dtype, self.up_k.dtype):
+            from kvpilot.engine.kernels.mla_conversion.kernel import mla_conversion_decode_triton
+
+            o_latent = mla_conversion_decode_triton(
+                q, cache, self.up_k, self.k_bias, self.inv_freq, block_tables, context_lens, self.attn.scale,
+                self.num_kv_heads,
+            )  # fmt: skip
+            return project_values(o_latent, self.up_v, self.v_bias, self.num_kv_heads)
         plan = self.planner.plan(block_tables, context_lens, cache.shape[1], q.dtype)
         rows = plan.gather(cache).to(q.dtype)
         return converted_mla_decode(
@@ -99,3 +116,10 @@ class ConvertedMlaAttention(nn.Module):
         v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
         k, _ = self.rotary_emb(positions, k, k[:, :1])
         return k, v
+
+
+def fused_decode_fits(head_dim: int, *dtypes: torch.dtype) -> bool:
+    """kernels/mla_conversion tiles a head as two halves of a power-of-two width >= 16 (head_dim 32, 64,
+    128, 256) and takes the query, the cache and W_UK in one dtype; otherwise decode takes the torch path."""
+    half = head_dim // 2
+    return head_dim % 2 == 0 and half >= 16 and half & (half - 1) == 0 and len(set(dtypes)) == 1

@@ -1,10 +1,12 @@
-"""The MLA conversion with partial RoPE (absorbed decode) decodes through the CUDA-graph path
-(worker/cuda_graphs.py, `absorbed_conversion`): decode-only steps go through the static buffers, with its
-fallback reserve too (block ids rebased on the device); steps with a sequence on the reserve, or a
-validation hook, run eagerly. Tokens equal the eager engine's.
+"""MLA conversions whose decode is a Triton kernel replay CUDA graphs (worker/cuda_graphs.py,
+`kernel_decoded_conversion`): partial RoPE (absorbed, kernels/mla_decode) and RoPE on every dim where the
+fused kernel fits the head (kernels/mla_conversion: head dims 32/64/128/256). Decode-only steps go through
+the static buffers, with the conversion's fallback reserve too (block ids rebased on the device); steps
+with a sequence on the reserve, or a validation hook, run eagerly. Tokens equal the eager engine's.
 
 CPU: the runner's DecodeGraphs, uncaptured, run the padded static forward eagerly (what a CUDA engine
-replays). The MLA conversion with RoPE on every dim still refuses graphs (it plans each step on the host).
+replays). A head dim the fused kernel cannot tile (16 here) keeps the torch decode, which plans each step
+on the host, and refuses graphs.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from kvpilot.engine.worker.cuda_graphs import (
     _kv_kind,
-    absorbed_conversion,
     engine_fallback_reason,
     graph_attention,
+    kernel_decoded_conversion,
 )
 from tests.helpers.models import build_hf_checkpoint
 from tests.parity.helpers import engine_greedy, make_engine
@@ -29,16 +31,23 @@ from tests.unit.test_cuda_graphs import PLAIN
 
 pytestmark = pytest.mark.parity
 
-ABSORBED = {"attention": "mla", "latent_rank": 12, "mla_rope_dims": 4}
+ABSORBED = {"attention": "mla", "latent_rank": 12, "mla_rope_dims": 4}  # partial RoPE (head_dim 16 model)
+EVERY_DIM = {"attention": "mla", "latent_rank": 24}  # RoPE on every dim (head_dim 32 model: the fused kernel)
 # rank 1 fails its check at token EVERY; 'b' is validated (rate 0.5 by request id: crc32), 'a' is not
 GUARDED = {"validate_every": 4, "validation_sample_rate": 0.5, "validation_threshold": 0.92, "fallback_reserve": 0.5}
 LENGTHS = {"a": 26, "b": 10}  # 'a' outlives 'b' on the reserve, so it returns to graph steps
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory) -> str:
-    # test_mla_absorbed_engine's checkpoint: 4 query heads on 2 KV heads of head_dim 16, hidden 64
-    return str(build_hf_checkpoint(tmp_path_factory.mktemp("llama-gqa"), "llama", seed=2, num_key_value_heads=2))
+def models(tmp_path_factory) -> dict[int, str]:
+    """head_dim -> checkpoint: test_mla_absorbed_engine's (4 query heads on 2 KV heads of 16, hidden 64), and
+    the same heads of 32 (q_proj 64 -> 128)."""
+    root = tmp_path_factory.mktemp("mla-graphs")
+    return {16: str(build_hf_checkpoint(root / "d16", "llama", seed=2, num_key_value_heads=2)),
+            32: str(build_hf_checkpoint(root / "d32", "llama", seed=2, num_key_value_heads=2, head_dim=32))}  # fmt: skip
+
+
+CASES = {"partial-rope": (16, ABSORBED), "every-dim": (32, EVERY_DIM)}
 
 
 def engine(path: str, **kw):
@@ -49,38 +58,46 @@ def capture_reason(runner) -> str | None:
     """engine_fallback_reason for this runner as a CUDA engine of the same make would see it."""
     return engine_fallback_reason(**{
         **PLAIN, "kv_kind": _kv_kind(runner), "plain_attention": graph_attention(runner),
-        "latent_cache": runner.mla.latent_width is not None and not absorbed_conversion(runner),
+        "latent_cache": runner.mla.latent_width is not None and not kernel_decoded_conversion(runner),
     })  # fmt: skip
 
 
 @pytest.mark.parametrize("reserve", [0.0, 0.5])
-def test_only_the_absorbed_conversion_is_captured(llama: str, reserve: float) -> None:
-    absorbed = engine(llama, **ABSORBED, fallback_reserve=reserve).runner
-    assert absorbed_conversion(absorbed) and capture_reason(absorbed) is None
-    assert len(absorbed.kv_pool_sizes) == (2 if reserve else 1)
-    every_dim = engine(llama, attention="mla", latent_rank=12, fallback_reserve=reserve).runner
-    reason = capture_reason(every_dim)
-    assert not absorbed_conversion(every_dim) and reason is not None
+def test_kernel_decoded_conversions_are_captured(models: dict[int, str], reserve: float) -> None:
+    for head_dim, mla in CASES.values():
+        runner = engine(models[head_dim], **mla, fallback_reserve=reserve).runner
+        assert kernel_decoded_conversion(runner) and capture_reason(runner) is None, (head_dim, mla)
+        assert len(runner.kv_pool_sizes) == (2 if reserve else 1)
+    torch_decoded = engine(models[16], **EVERY_DIM, fallback_reserve=reserve).runner  # head_dim 16: no kernel
+    reason = capture_reason(torch_decoded)
+    assert not kernel_decoded_conversion(torch_decoded) and reason is not None
     assert ("conversion's fallback reserve" if reserve else "per-step decode plans") in reason
 
 
-def test_absorbed_decode_through_graph_steps_matches_eager(llama: str) -> None:
+@pytest.mark.parametrize("case", list(CASES))
+def test_decode_through_graph_steps_matches_eager(models: dict[int, str], case: str) -> None:
+    head_dim, mla = CASES[case]
     prompts = [prompt_of(40), prompt_of(33, seed=2)]
-    want = engine_greedy(engine(llama, **ABSORBED), prompts, 12)
-    eng = engine(llama, **ABSORBED)
+    want = engine_greedy(engine(models[head_dim], **mla), prompts, 12)
+    eng = engine(models[head_dim], **mla)
     graphs, steps = with_cpu_graphs(eng)
     assert engine_greedy(eng, prompts, 12) == want
     replayed = [reason for reason, _ in steps if reason is None]
     assert len(replayed) == graphs.steps_total >= 10, steps
 
 
-def test_fallback_mid_generation_through_graph_steps_matches_eager(llama: str) -> None:
+@pytest.mark.parametrize("case", list(CASES))
+def test_fallback_mid_generation_through_graph_steps_matches_eager(models: dict[int, str], case: str) -> None:
     """'b' fails its check, moves to the K/V reserve and shares steps with 'a' (eager); before and after,
     'a' decodes through the static path over the rebased latent pool."""
-    mla = {**ABSORBED, "latent_rank": 1, "mla_rope_dims": 2, **GUARDED}
+    head_dim, mla = CASES[case]
+    mla = {**mla, "latent_rank": 1, **({"mla_rope_dims": 2} if "mla_rope_dims" in mla else {}), **GUARDED,
+           "num_kv_blocks": 4096}  # a rank-1 latent block is 1/128 of a K/V block: the reserve needs the count
+
+    path = models[head_dim]
     prompts = [prompt_of(40), prompt_of(33, seed=2)]
-    want = engine_greedy(engine(llama, **mla), prompts, list(LENGTHS.values()), list(LENGTHS))
-    eng = engine(llama, **mla)
+    want = engine_greedy(engine(path, **mla), prompts, list(LENGTHS.values()), list(LENGTHS))
+    eng = engine(path, **mla)
     assert len(eng.runner.kv_pool_sizes) == 2
     graphs, steps = with_cpu_graphs(eng)
     got = engine_greedy(eng, prompts, list(LENGTHS.values()), list(LENGTHS))
@@ -112,15 +129,19 @@ class OpRecorder(TorchDispatchMode):
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs the Triton kernels on CPU (interpreter)")
-@pytest.mark.parametrize(("extra", "absorbed"), [({"mla_rope_dims": 4}, True),
-                                                  ({"mla_rope_dims": 4, "fallback_reserve": 0.5}, True),
-                                                  ({}, False)])  # fmt: skip
-def test_graph_steps_hold_no_host_sync(llama: str, monkeypatch, extra: dict, absorbed: bool) -> None:
-    """What a CUDA engine captures is the static forward with the Triton kernels: for the absorbed
-    conversion it dispatches no op that waits for the device (a capture would fail on one); the
-    conversion with RoPE on every dim plans its step on the host (`.item()`), hence its refusal."""
+@pytest.mark.parametrize(("head_dim", "extra", "kernel"), [
+    (16, {**ABSORBED, "fallback_reserve": 0.0}, True),
+    (16, {**ABSORBED, "fallback_reserve": 0.5}, True),
+    (32, {**EVERY_DIM, "fallback_reserve": 0.5}, True),
+    (16, {**EVERY_DIM, "fallback_reserve": 0.0}, False),
+])  # fmt: skip
+def test_graph_steps_hold_no_host_sync(models, monkeypatch, head_dim: int, extra: dict, kernel: bool) -> None:
+    """What a CUDA engine captures is the static forward with the Triton kernels: for a kernel-decoded
+    conversion it dispatches no op that waits for the device (a capture would fail on one); the torch
+    decode plans its step on the host (`.item()`), hence its refusal."""
     monkeypatch.setenv("KVPILOT_KERNELS", "triton")
-    eng = engine(llama, attention="mla", latent_rank=12, **{"fallback_reserve": 0.0, **extra})
+    eng = engine(models[head_dim], **extra)
+    assert kernel_decoded_conversion(eng.runner) == kernel
     graphs, _ = with_cpu_graphs(eng)
     recorder, forward = OpRecorder(), graphs._forward
 
@@ -132,4 +153,4 @@ def test_graph_steps_hold_no_host_sync(llama: str, monkeypatch, extra: dict, abs
     engine_greedy(eng, [prompt_of(27), prompt_of(21, seed=1)], 4)
     assert graphs.steps_total >= 2
     syncs = {op: n for op, n in recorder.ops.items() if op.split("::")[-1].split(".")[0] in HOST_SYNCS}
-    assert (syncs == {}) if absorbed else syncs, syncs
+    assert (syncs == {}) if kernel else syncs, syncs
