@@ -41,9 +41,10 @@ gpu)
 mla-speed)
     timeout 120 python3 -m pytest -p no:cacheprovider -m gpu -q -o addopts="" -rf \
         tests/gpu/test_mla_engine_gpu.py -k "partial or conversion" tests/gpu/test_calibrated_conversions_gpu.py 2>&1 | tail -5
-    for prompt in 2048 8192; do
-        timeout 160 python3 bench/bench_mla_engine.py --device cuda --layers 4 --batch 64 --prompt $prompt --new 64 \
-            --ranks 256 --rope-dims 16 --skip-deepseek 2>&1 | tee "$out/mla_engine_$prompt.log" | grep -E "tok/s|Error" | tail -6
+    for shape in 64x2048 32x8192; do
+        timeout 170 python3 bench/bench_mla_engine.py --device cuda --layers 4 --batch "${shape%x*}" \
+            --prompt "${shape#*x}" --new 64 --ranks 256 --rope-dims 16 --skip-deepseek 2>&1 \
+            | tee "$out/mla_engine_$shape.log" | grep -E "tok/s|Error" | tail -6
     done
     timeout 150 python3 bench/profile_mla_absorbed.py --rows 24 > "$out/profile.log" 2>&1
     grep -E "===|Self CUDA time total" "$out/profile.log"
