@@ -39,7 +39,10 @@ class EngineConfig:
     device: str = knob("auto", "auto | cpu | cuda | cuda:N")
     block_size: int = knob(16, "tokens per KV block (a power of two)")
     num_kv_blocks: int | None = knob(None, "KV pool size in blocks (default: from the capacity plan)")
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = knob(
+        0.9, "this engine's share of the GPU: weights, activations and KV cache (as vLLM's; two engines at 0.45 "
+        "share one GPU); never more than is free at start"
+    )  # fmt: skip
     cpu_kv_cache_bytes: int = 64 * 2**20
     max_num_seqs: int | None = knob(None, "sequences running at once (default: sized from the device, config/batch.py)")
     max_num_batched_tokens: int | None = knob(

@@ -34,16 +34,26 @@ def pick_dtype(requested: str, model_dtype: str, device: torch.device) -> torch.
 def cuda_kv_blocks(
     device: torch.device, utilization: float, activation_peak: int, bytes_per_block: int
 ) -> int:
-    """Blocks that fit in `utilization` of the GPU beside what is in use and the activation peak."""
+    """KV blocks for this engine. `utilization` is this engine's share of the GPU (its weights, activation
+    peak and KV cache together: vLLM's gpu_memory_utilization), so engines sharing one GPU at 0.45 each
+    both start; never more than the memory free now (another process's memory is not taken)."""
     torch.cuda.empty_cache()  # cached blocks from profiling would otherwise count twice (in use + peak)
     free, total = torch.cuda.mem_get_info(device)
-    budget = int(total * utilization) - (total - free) - activation_peak
+    own = torch.cuda.memory_reserved(device)  # this engine's tensors so far: the weights
+    share = int(total * utilization) - own
+    budget = min(share, free) - activation_peak
     blocks = budget // bytes_per_block
     if blocks < 1:
+        limit = (
+            f"its share ({utilization} of {total / 2**30:.1f} GiB) leaves {share / 2**30:.2f} GiB beside its "
+            f"{own / 2**30:.1f} GiB of weights" if share <= free else
+            f"only {free / 2**30:.2f} GiB of the GPU is free (other processes hold "
+            f"{(total - free - own) / 2**30:.1f} GiB)"
+        )  # fmt: skip
         raise RuntimeError(
-            f"no GPU memory left for the KV cache: {total / 2**30:.1f} GiB total, "
-            f"{(total - free) / 2**30:.1f} GiB in use, activation peak {activation_peak / 2**30:.2f} GiB at "
-            f"gpu_memory_utilization={utilization}; raise it or lower max_num_batched_tokens"
+            f"no GPU memory left for the KV cache: {limit}, and the activation peak needs "
+            f"{activation_peak / 2**30:.2f} GiB; raise gpu_memory_utilization, lower max_num_batched_tokens, "
+            "or free the GPU"
         )
     return int(blocks)
 
