@@ -94,3 +94,34 @@ def test_engine_decodes_the_same_through_the_fused_kernel(tmp_path, monkeypatch)
     assert len(calls) == 2 * 5  # 2 layers x 5 decode steps
     for a, b in zip(got_logits, want_logits, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_failing_decode_kernel_falls_back_to_the_torch_path(tmp_path, monkeypatch, caplog) -> None:
+    """A kernel that does not compile or launch on the device (simulated) is logged once per layer and
+    decode takes the torch path from then on: same tokens as the torch backend, no failed request."""
+    from kvpilot.engine.kernels.mla_conversion import kernel
+    from kvpilot.engine.llm import LLM
+    from kvpilot.engine.sampling_params import SamplingParams
+    from tests.helpers.models import build_hf_checkpoint
+
+    path = build_hf_checkpoint(tmp_path / "llama", "llama", seed=2, num_key_value_heads=2, head_dim=32)
+    prompts = [[5, 9, 33, 7, 100, 21, 3, 17, 45, 8, 9], [11, 12, 13]]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+    def generate(backend: str) -> tuple[list[list[int]], LLM]:
+        monkeypatch.setenv("KVPILOT_KERNELS", backend)
+        llm = LLM(str(path), show_progress=False, attention="mla", latent_rank=24, num_kv_blocks=16, block_size=8)
+        return [o["token_ids"] for o in llm.generate(prompts, params)], llm
+
+    want, _ = generate("torch")
+
+    def broken(*args, **kwargs):
+        raise ValueError("no kernel image is available for execution on the device")
+
+    monkeypatch.setattr(kernel, "mla_conversion_decode_triton", broken)
+    got, llm = generate("triton")
+    assert got == want
+    layers = [layer.self_attn for layer in llm.engine.runner.model.model.layers]
+    assert not any(a.kernel_decode for a in layers)
+    failures = [r for r in caplog.records if "decode takes the torch path" in r.getMessage()]
+    assert len(failures) == len(layers) and "no kernel image" in failures[0].getMessage()

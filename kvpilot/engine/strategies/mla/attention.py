@@ -14,6 +14,10 @@ dim the kernel cannot tile, through the torch path strategies/mla/decode.py. Pre
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -26,6 +30,8 @@ from kvpilot.engine.strategies.fallback.split import attend_with_reserve
 from kvpilot.engine.strategies.mla.absorbed import project_values
 from kvpilot.engine.strategies.mla.decode import DecodePlanner, converted_mla_decode
 from kvpilot.engine.strategies.mla.svd import MlaConversion
+
+log = logging.getLogger("kvpilot.engine.mla")
 
 
 class ConvertedMlaAttention(nn.Module):
@@ -54,6 +60,9 @@ class ConvertedMlaAttention(nn.Module):
         # cost weights, not KV memory.
         self.k_proj, self.v_proj = src.k_proj, src.v_proj
         self.force_exact = False
+        # False once the decode kernel failed here (it does not compile or launch on this device): decode
+        # then takes the torch path, whatever the backend
+        self.kernel_decode = True
         # the step's gather index, padding mask and RoPE table, shared by the layers of one model
         self.planner = planner if planner is not None else DecodePlanner(src.rotary_emb.inv_freq)
         # False: decode decompresses each sequence's whole context (the prefill path), the former
@@ -96,19 +105,36 @@ class ConvertedMlaAttention(nn.Module):
     def _decode(
         self, q: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor
     ) -> torch.Tensor:
-        if backend_for(q) == "triton" and fused_decode_fits(self.head_dim, q.dtype, cache.dtype, self.up_k.dtype):
+        if self.kernel_decode and backend_for(q) == "triton" and fused_decode_fits(
+            self.head_dim, q.dtype, cache.dtype, self.up_k.dtype
+        ):
             from kvpilot.engine.kernels.mla_conversion.kernel import mla_conversion_decode_triton
 
-            o_latent = mla_conversion_decode_triton(
-                q, cache, self.up_k, self.k_bias, self.inv_freq, block_tables, context_lens, self.attn.scale,
-                self.num_kv_heads,
+            o_latent = self.kernel_or_none(
+                mla_conversion_decode_triton, q, cache, self.up_k, self.k_bias, self.inv_freq, block_tables,
+                context_lens, self.attn.scale, self.num_kv_heads,
             )  # fmt: skip
-            return project_values(o_latent, self.up_v, self.v_bias, self.num_kv_heads)
+            if o_latent is not None:
+                return project_values(o_latent, self.up_v, self.v_bias, self.num_kv_heads)
         plan = self.planner.plan(block_tables, context_lens, cache.shape[1], q.dtype)
         rows = plan.gather(cache).to(q.dtype)
         return converted_mla_decode(
             q, rows, plan, self.up_k, self.k_bias, self.up_v, self.v_bias, self.num_kv_heads, self.attn.scale
         )
+
+    def kernel_or_none(self, kernel: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor | None:
+        """The decode kernel's result, or None after logging why it failed: a kernel that does not compile
+        or launch on this device must not take the engine down when the torch path can serve (the engine's
+        CUDA graph capture then fails on the torch path's host plan, and its steps stay eager)."""
+        try:
+            return kernel(*args)
+        except Exception as exc:  # Triton's compile errors are no RuntimeErrors
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                raise  # inside a capture: let build_decode_graphs abandon it
+            log.warning("mla decode kernel %s failed, decode takes the torch path from now on: %s: %s",
+                        getattr(kernel, "__name__", kernel), type(exc).__name__, str(exc).splitlines()[0][:300])  # fmt: skip
+            self.kernel_decode = False
+            return None
 
     def _expand_exact(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n = x.shape[0]

@@ -118,10 +118,14 @@ class PartialRopeMlaAttention(ConvertedMlaAttention):
         """Absorbed decode, one query per sequence [B, H, D] -> [B, H, Dv] (absorbed.py)."""
         q_nope, q_rope = q.split([self.head_dim - self.rope_dims, self.rope_dims], dim=-1)
         q_latent = absorb_query(q_nope, self.up_k, self.num_kv_heads)
-        if backend_for(q) == "triton":
-            o_latent = latent_attention_triton(
-                q_latent, q_rope, cache, block_tables, context_lens, self.attn.scale, self.num_kv_heads
-            ).to(q.dtype)
+        o_latent = None
+        if self.kernel_decode and backend_for(q) == "triton":
+            o_latent = self.kernel_or_none(
+                latent_attention_triton, q_latent, q_rope, cache, block_tables, context_lens, self.attn.scale,
+                self.num_kv_heads,
+            )  # fmt: skip
+        if o_latent is not None:
+            o_latent = o_latent.to(q.dtype)
         else:
             plan = self.planner.plan(block_tables, context_lens, cache.shape[1], q.dtype)
             rows = plan.gather(cache).to(q.dtype)
