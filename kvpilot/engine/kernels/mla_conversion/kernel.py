@@ -19,6 +19,12 @@ import triton.language as tl
 from kvpilot.engine.kernels.dispatch import check_triton_device
 from kvpilot.engine.kernels.interpreter_compat import patch_interpreter
 from kvpilot.engine.kernels.kv_quant.split_reduce import split_reduce
+from kvpilot.engine.kernels.mla_decode.split_softmax import (
+    num_splits_for,
+    online_softmax_step,
+    split_scratch,
+    store_output,
+)
 
 LOG2E = 1.4426950408889634
 
@@ -81,32 +87,10 @@ def _mla_conversion_decode_kernel(
         kr1 = (k1 * cos - k2 * sin).to(c.dtype)
         kr2 = (k2 * cos + k1 * sin).to(c.dtype)
         s = tl.dot(q1, tl.trans(kr1)) + tl.dot(q2, tl.trans(kr2))  # [BLOCK_G, BLOCK_N]
-        s = tl.where(mask_n[None, :], s * qk_scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(s, mask_n, qk_scale_log2, c, m_i, l_i, acc)
 
-    out = acc / tl.maximum(l_i, 1e-30)[:, None]
-    mask_out = mask_g[:, None] & mask_r[None, :]
-    if NUM_SPLITS == 1:
-        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_r[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=mask_out)
-    else:
-        lse = tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))
-        tl.store(part_o_ptr + b * stride_wb + heads[:, None] * stride_wh + split * stride_ws + offs_r[None, :],
-                 out, mask=mask_out)
-        tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=mask_g)
-
-
-def conversion_num_splits(num_programs: int, device: torch.device) -> int:
-    """About two programs per SM, a power of two (a program's walk is compute-heavy: the decompression)."""
-    if device.type != "cuda":
-        return 1
-    target = 2 * torch.cuda.get_device_properties(device).multi_processor_count // max(1, num_programs)
-    return max(1, min(16, 1 << (max(1, target).bit_length() - 1)))
+    store_output(out_ptr, part_o_ptr, part_lse_ptr, b, heads, split, offs_r, mask_g, mask_r, acc, l_i, m_i,
+                 stride_ob, stride_oh, stride_wb, stride_wh, stride_ws, stride_lb, stride_lh, NUM_SPLITS)
 
 
 def mla_conversion_decode_triton(
@@ -142,15 +126,11 @@ def mla_conversion_decode_triton(
     assert context_lens.dtype == torch.int32 and context_lens.shape == (batch,)
     group = num_heads // num_kv_heads
     if num_splits is None:
-        num_splits = conversion_num_splits(batch * num_kv_heads, q.device)
+        num_splits = num_splits_for(batch * num_kv_heads, q.device, per_sm=2)  # a walk is compute-heavy
     out = torch.empty(batch, num_heads, rank, dtype=q.dtype, device=q.device)
     if batch == 0:
         return out
-    if num_splits > 1:
-        part_o = torch.empty(batch, num_heads, num_splits, rank, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
-    else:
-        part_o = part_lse = out
+    part_o, part_lse = split_scratch(out, num_splits)
     bias = k_bias if k_bias is not None else up_k  # any pointer: HAS_BIAS=False never reads it
     _mla_conversion_decode_kernel[(batch, num_kv_heads, num_splits)](
         q, kv_cache, up_k, bias, inv_freq, block_tables, context_lens, out, part_o, part_lse,

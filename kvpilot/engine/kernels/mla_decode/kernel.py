@@ -14,6 +14,12 @@ import triton.language as tl
 from kvpilot.engine.kernels.dispatch import check_triton_device
 from kvpilot.engine.kernels.interpreter_compat import patch_interpreter
 from kvpilot.engine.kernels.kv_quant.split_reduce import split_reduce
+from kvpilot.engine.kernels.mla_decode.split_softmax import (
+    num_splits_for,
+    online_softmax_step,
+    split_scratch,
+    store_output,
+)
 
 LOG2E = 1.4426950408889634
 
@@ -66,32 +72,15 @@ def _mla_decode_kernel(
         pe = tl.load(cache_ptr + row[:, None] + RANK + offs_r[None, :],
                      mask=mask_n[:, None] & mask_r[None, :], other=0.0)
         s = tl.dot(q_lat, tl.trans(c)) + tl.dot(q_pe, tl.trans(pe))
-        s = tl.where(mask_n[None, :], s * qk_scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(s, mask_n, qk_scale_log2, c, m_i, l_i, acc)
 
-    out = acc / tl.maximum(l_i, 1e-30)[:, None]
-    mask_out = mask_h[:, None] & mask_l[None, :]
-    if NUM_SPLITS == 1:
-        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_l[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=mask_out)
-    else:
-        lse = tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))
-        tl.store(part_o_ptr + b * stride_wb + heads[:, None] * stride_wh + split * stride_ws + offs_l[None, :],
-                 out, mask=mask_out)
-        tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=mask_h)
+    store_output(out_ptr, part_o_ptr, part_lse_ptr, b, heads, split, offs_l, mask_h, mask_l, acc, l_i, m_i,
+                 stride_ob, stride_oh, stride_wb, stride_wh, stride_ws, stride_lb, stride_lh, NUM_SPLITS)
 
 
 def mla_num_splits(num_programs: int, device: torch.device) -> int:
     """About four programs per SM, rounded down to a power of two (best measured on H200, docs/benchmarks.md)."""
-    if device.type != "cuda":
-        return 1
-    target = 4 * torch.cuda.get_device_properties(device).multi_processor_count // max(1, num_programs)
-    return max(1, min(16, 1 << (max(1, target).bit_length() - 1)))
+    return num_splits_for(num_programs, device, per_sm=4)
 
 
 def mla_decode_triton(
@@ -141,11 +130,7 @@ def mla_decode_triton(
     if batch == 0:
         return out
     stages = {} if num_stages is None else {"num_stages": num_stages}
-    if num_splits > 1:
-        part_o = torch.empty(batch, num_heads, num_splits, rank, dtype=torch.float32, device=q_latent.device)
-        part_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q_latent.device)
-    else:
-        part_o = part_lse = out
+    part_o, part_lse = split_scratch(out, num_splits)
     _mla_decode_kernel[(batch, head_blocks, num_splits)](
         q_latent, q_pe, kv_cache, block_tables, context_lens, out, part_o, part_lse,
         q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1), block_tables.stride(0),
