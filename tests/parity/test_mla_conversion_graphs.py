@@ -17,17 +17,11 @@ from collections import Counter
 import pytest
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kvpilot.engine.worker.cuda_graphs import (
-    _kv_kind,
-    engine_fallback_reason,
-    graph_attention,
-    kernel_decoded_conversion,
-)
+from kvpilot.engine.worker.cuda_graphs import kernel_decoded_conversion, runner_fallback_reason
 from tests.helpers.models import build_hf_checkpoint
 from tests.parity.helpers import engine_greedy, make_engine
 from tests.parity.test_kv_quant_graphs import with_cpu_graphs
 from tests.parity.test_mla_absorbed_engine import prompt_of
-from tests.unit.test_cuda_graphs import PLAIN
 
 pytestmark = pytest.mark.parity
 
@@ -55,11 +49,8 @@ def engine(path: str, **kw):
 
 
 def capture_reason(runner) -> str | None:
-    """engine_fallback_reason for this runner as a CUDA engine of the same make would see it."""
-    return engine_fallback_reason(**{
-        **PLAIN, "kv_kind": _kv_kind(runner), "plain_attention": graph_attention(runner),
-        "latent_cache": runner.mla.latent_width is not None and not kernel_decoded_conversion(runner),
-    })  # fmt: skip
+    """Why this runner would stay eager as a CUDA engine of the same make (None: it captures)."""
+    return runner_fallback_reason(runner, device_type="cuda")
 
 
 @pytest.mark.parametrize("reserve", [0.0, 0.5])

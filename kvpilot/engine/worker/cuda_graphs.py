@@ -280,21 +280,25 @@ def graph_attention(runner: Any) -> bool:
                for m in runner.model.attention_layers())  # fmt: skip
 
 
+def runner_fallback_reason(runner: Any, device_type: str | None = None) -> str | None:
+    """`engine_fallback_reason` for this runner (`device_type`: as a runner on that device would see it)."""
+    return engine_fallback_reason(
+        device_type=device_type or runner.device.type,
+        family=runner.model_config.family,
+        kv_kind=_kv_kind(runner),
+        eviction=runner.config.eviction,
+        plain_attention=graph_attention(runner),
+        latent_cache=runner.mla.latent_width is not None and not kernel_decoded_conversion(runner),
+        recurrent_state=runner.linear_state is not None,
+    )
+
+
 @torch.inference_mode()
 def build_decode_graphs(runner: Any) -> DecodeGraphs | None:  # a ModelRunner (importing it would cycle)
     """Capture the decode graphs for this runner, or log why it stays eager and return None. A capture
     that fails (an operation a graph cannot hold, e.g. a host sync) leaves the engine eager, with the
     error in the log, rather than failing its start."""
-    config, mc = runner.config, runner.model_config
-    reason = engine_fallback_reason(
-        device_type=runner.device.type,
-        family=mc.family,
-        kv_kind=_kv_kind(runner),
-        eviction=config.eviction,
-        plain_attention=graph_attention(runner),
-        latent_cache=runner.mla.latent_width is not None and not kernel_decoded_conversion(runner),
-        recurrent_state=runner.linear_state is not None,
-    )
+    reason = runner_fallback_reason(runner)
     if reason is not None:  # on by default: a CPU engine is not worth a warning, an uncapturable GPU one is
         (log.info if runner.device.type != "cuda" else log.warning)("cuda_graphs: decode steps stay eager (%s)", reason)
         return None
