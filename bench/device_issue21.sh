@@ -6,8 +6,9 @@
 #   gpu:     the GPU tests (8-bit caches with the reserve under CUDA graphs, MLA absorbed decode)
 #            then the timed benches: converted MLA decode (exact RoPE / partial RoPE absorbed vs exact
 #            attention) and the 8-bit caches with and without the reserve, graphs on
-#   mla-speed: (session 9) the absorbed conversion since it replays CUDA graphs: its GPU tests, decode vs
-#            exact attention at 2k and 8k context, and the profile of both
+#   mla-speed: (session 9) the latent kernels alone (registers, spills, time per call), the MLA GPU tests,
+#            converted decode vs exact attention at 2k and 8k context
+#   profile: the torch profile of a converted decode step beside exact attention
 #   tier:    the whole gpu tier (tests/gpu and tests/kernels), junit in $OUT/tier.xml
 set -u
 export PYTHONPATH=".:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
@@ -39,13 +40,19 @@ gpu)
         --json "$out/kv_quant_graphs.json" 2>&1 | tee "$out/kv_quant.log" | grep -E "^\||Error" | tail -8
     ;;
 mla-speed)
-    timeout 120 python3 -m pytest -p no:cacheprovider -m gpu -q -o addopts="" -rf \
+    for shape in 64x2048 32x8192; do
+        timeout 45 python3 bench/kernel_resources.py --batch "${shape%x*}" --context "${shape#*x}" 2>&1 \
+            | tee "$out/kernels_$shape.log" | tail -8
+    done
+    timeout 110 python3 -m pytest -p no:cacheprovider -m gpu -q -o addopts="" -rf \
         tests/gpu/test_mla_engine_gpu.py -k "partial or conversion" tests/gpu/test_calibrated_conversions_gpu.py 2>&1 | tail -5
     for shape in 64x2048 32x8192; do
-        timeout 170 python3 bench/bench_mla_engine.py --device cuda --layers 4 --batch "${shape%x*}" \
+        timeout 150 python3 bench/bench_mla_engine.py --device cuda --layers 4 --batch "${shape%x*}" \
             --prompt "${shape#*x}" --new 64 --ranks 256 --rope-dims 16 --skip-deepseek 2>&1 \
             | tee "$out/mla_engine_$shape.log" | grep -E "tok/s|Error" | tail -6
     done
+    ;;
+profile)
     timeout 150 python3 bench/profile_mla_absorbed.py --rows 24 > "$out/profile.log" 2>&1
     grep -E "===|Self CUDA time total" "$out/profile.log"
     ;;
