@@ -12,7 +12,8 @@ Random bf16 checkpoints with a few layers (dense MLPs: the MoE is plain torch an
   replays CUDA graphs since session 8, as exact attention does; exact attention is also timed with
   `enforce_eager` ("exact eager") to separate the graphs' share from the attention's.
 
-Decode tokens/s = (B x N) / (time(prompt + N tokens) - time(prompt + 1 token)), B sequences at once.
+Decode tokens/s: B sequences are prefilled (every one has its first token), then the decode steps alone are
+timed (synchronised per step) until each has N more tokens; the median step time is printed too.
 
     python bench/bench_mla_engine.py --device cuda --layers 4 --batch 64 --prompt 2048 --new 64
     python bench/bench_mla_engine.py --device cuda --layers 4 --batch 64 --prompt 8192 --new 64 --ranks 256 \
@@ -73,24 +74,41 @@ def decode_rate(path: Path, device: str, batch: int, prompt: int, new: int, **en
     # negative: the "exact" row of session 8 read 4e12 tok/s)
     prompts = [[3 + (i * 7 + j) % 300 for j in range(prompt)] for i in range(batch)]
 
-    def timed(n: int) -> float:
+    def decode_only(n: int, round_: int) -> tuple[float, int, list[float]]:
+        """Prefill every sequence (steps until each has its first token), then time the decode steps alone:
+        (seconds, tokens decoded, per-step seconds). Differences of two whole generate() calls mixed the
+        prefill's run-to-run noise into a 64-token decode (session 9's first device run: exact 765 tok/s)."""
         params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
+        eng = llm.engine
+        for i, p in enumerate(prompts):
+            eng.add_request(f"r{round_}-{i}", p, params)
+        started: set[str] = set()
+        while len(started) < batch:
+            started.update(o.request_id for o in eng.step() if o.new_token_ids)
+        sync(device)
+        tokens, steps = 0, []
         start = time.perf_counter()
-        llm.generate(prompts, params)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        return time.perf_counter() - start
+        while eng.has_unfinished_requests():
+            t0 = time.perf_counter()
+            tokens += sum(len(o.new_token_ids) for o in eng.step())
+            sync(device)
+            steps.append(time.perf_counter() - t0)
+        return time.perf_counter() - start, tokens, steps
 
-    timed(2)  # warm-up: kernel compilation, allocator
-    prefill = timed(1)
-    total = timed(1 + new)
+    decode_only(4, 0)  # warm-up: kernel compilation, allocator
+    seconds, tokens, steps = decode_only(1 + new, 1)
+    steps.sort()
     return {
         "bytes_per_token": llm.engine.runner.bytes_per_block // llm.engine.config.block_size,
-        "decode_tokens_per_s": batch * new / max(total - prefill, 1e-9),
+        "decode_tokens_per_s": tokens / max(seconds, 1e-9),
+        "median_step_ms": 1e3 * steps[len(steps) // 2] if steps else None,
         "mla": llm.engine.stats()["engine"]["mla"],
     }
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def main() -> None:
@@ -101,7 +119,9 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=2048)
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--ranks", default="256,512,1024")
-    parser.add_argument("--rope-dims", default="16", help="partial-RoPE rows: mla_rope_dims values ('' for none)")
+    parser.add_argument(
+        "--rope-dims", default="16", help="partial-RoPE rows: mla_rope_dims values ('' for none)"
+    )
     parser.add_argument("--skip-deepseek", action="store_true", help="only the Llama rows")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (checks the script on CPU)")
     args = parser.parse_args()
@@ -133,7 +153,8 @@ def main() -> None:
     for row in rows:
         err = row["mla"]["reconstruction_error"]
         print(f"{row['model']:22} {row['path']:18} {row['bytes_per_token']:>8} B/token "
-              f"{row['decode_tokens_per_s']:>10.1f} tok/s" + (f"  err={err:.3f}" if err is not None else ""))  # fmt: skip
+              f"{row['decode_tokens_per_s']:>10.1f} tok/s {row['median_step_ms'] or 0:>8.2f} ms/step"
+              + (f"  err={err:.3f}" if err is not None else ""))  # fmt: skip
     print(json.dumps({"args": vars(args), "rows": rows}))
 
 

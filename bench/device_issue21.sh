@@ -8,6 +8,7 @@
 #            attention) and the 8-bit caches with and without the reserve, graphs on
 #   mla-speed: (session 9) the latent kernels alone (registers, spills, time per call), the MLA GPU tests,
 #            converted decode vs exact attention at 2k and 8k context
+#   sweep: the latent kernels' launch parameters beside exact paged decode; the engine bench at 32 x 8k
 #   profile: the torch profile of a converted decode step beside exact attention
 #   tier:    the whole gpu tier (tests/gpu and tests/kernels), junit in $OUT/tier.xml
 set -u
@@ -51,6 +52,13 @@ mla-speed)
             --prompt "${shape#*x}" --new 64 --ranks 256 --rope-dims 16 --skip-deepseek 2>&1 \
             | tee "$out/mla_engine_$shape.log" | grep -E "tok/s|Error" | tail -6
     done
+    ;;
+sweep)
+    timeout 60 python3 -m pytest -p no:cacheprovider -m gpu -q -o addopts="" -rf -x \
+        tests/gpu/test_calibrated_conversions_gpu.py 2>&1 | tail -30 > "$out/calibrated.log"; tail -3 "$out/calibrated.log"
+    timeout 150 python3 bench/bench_mla_engine.py --device cuda --layers 4 --batch 32 --prompt 8192 --new 64 \
+        --ranks 256 --rope-dims 16 --skip-deepseek 2>&1 | tee "$out/mla_engine_32x8192.log" | grep -E "tok/s|Error" | tail -6
+    timeout 300 python3 bench/sweep_latent_decode.py --quick --shapes 64x2048,32x8192 2>&1 | tee "$out/sweep.log"
     ;;
 profile)
     timeout 150 python3 bench/profile_mla_absorbed.py --rows 24 > "$out/profile.log" 2>&1

@@ -35,10 +35,16 @@ def test_calibrated_conversion_on_cuda_equals_cpu(tmp_path, case: str, monkeypat
         assert gpu.runner.gqa_orders == cpu.runner.gqa_orders
     else:
         a, b = cpu.stats()["engine"]["mla"], gpu.stats()["engine"]["mla"]
-        assert b["reconstruction_error"] == pytest.approx(a["reconstruction_error"], rel=1e-4, abs=1e-6)
-    weights = gpu.runner.model.state_dict()
-    for name, t in cpu.runner.model.state_dict().items():  # the converted projections and their factors
-        if t.is_floating_point():
-            assert torch.allclose(t, weights[name].cpu(), rtol=1e-3, atol=1e-4), f"{name} differs on CUDA"
+        assert b["reconstruction_error"] == pytest.approx(a["reconstruction_error"], rel=1e-3, abs=1e-5)
     prompt = [(i * 37 + 11) % 370 + 3 for i in range(30)]
+    if case == "gqa":  # a least-squares fit: its weights themselves must agree
+        weights = gpu.runner.model.state_dict()
+        for name, t in cpu.runner.model.state_dict().items():
+            if t.is_floating_point():
+                assert torch.allclose(t, weights[name].cpu(), rtol=1e-3, atol=1e-4), f"{name} differs on CUDA"
+    # SVD factors are unique only up to the sign of each singular pair (LAPACK and cuSOLVER may differ),
+    # so the MLA conversions are compared by what they compute: the log-probabilities of a continuation.
+    continuation = [(i * 53 + 5) % 370 + 3 for i in range(12)]
+    want, got = cpu.score(prompt, continuation), gpu.score(prompt, continuation)
+    assert got == pytest.approx(want, rel=1e-3, abs=1e-3)
     assert len(engine_greedy(gpu, [prompt], 8)[0]) == 8

@@ -105,6 +105,8 @@ def mla_conversion_decode_triton(
     num_kv_heads: int,
     num_splits: int | None = None,
     block_n: int = 32,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """q [B, H, D] (after RoPE) over the latent cache [blocks, page, r] with W_UK = up_k [Hkv*D, r] (and
     b_K [Hkv*D]) -> latent output sum_n p_n c_n [B, H, r] in q's dtype."""
@@ -140,7 +142,8 @@ def mla_conversion_decode_triton(
         scale * LOG2E,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HALF=half, RANK=rank,
         BLOCK_R=max(16, triton.next_power_of_2(rank)), PAGE=kv_cache.shape[1], BLOCK_N=block_n,
-        NUM_SPLITS=num_splits, HAS_BIAS=k_bias is not None, num_warps=8 if rank >= 256 else 4,
+        NUM_SPLITS=num_splits, HAS_BIAS=k_bias is not None, num_warps=num_warps or (8 if rank >= 256 else 4),
+        **({} if num_stages is None else {"num_stages": num_stages}),
     )
     if num_splits > 1:
         split_reduce(part_o, part_lse, out)
