@@ -9,6 +9,8 @@
 #   mla-speed: (session 9) the latent kernels alone (registers, spills, time per call), the MLA GPU tests,
 #            converted decode vs exact attention at 2k and 8k context
 #   sweep: the latent kernels' launch parameters beside exact paged decode; the engine bench at 32 x 8k
+#   tuned: the engine bench at 32 x 8k and 64 x 2k, the kernels' default launches, then the gpu tier
+#            in what is left of the call's 600 s
 #   profile: the torch profile of a converted decode step beside exact attention
 #   tier:    the whole gpu tier (tests/gpu and tests/kernels), junit in $OUT/tier.xml
 set -u
@@ -59,6 +61,15 @@ sweep)
     timeout 150 python3 bench/bench_mla_engine.py --device cuda --layers 4 --batch 32 --prompt 8192 --new 64 \
         --ranks 256 --rope-dims 16 --skip-deepseek 2>&1 | tee "$out/mla_engine_32x8192.log" | grep -E "tok/s|Error" | tail -6
     timeout 300 python3 bench/sweep_latent_decode.py --quick --shapes 64x2048,32x8192 2>&1 | tee "$out/sweep.log"
+    ;;
+tuned)
+    timeout 150 python3 bench/bench_mla_engine.py --device cuda --layers 4 --batch 32 --prompt 8192 --new 64 \
+        --ranks 256 --rope-dims 16 --skip-deepseek 2>&1 | tee "$out/mla_engine_32x8192.log" | grep -E "tok/s|Error" | tail -6
+    timeout 60 python3 bench/sweep_latent_decode.py --defaults --shapes 64x2048,32x8192 2>&1 | tee "$out/defaults.log"
+    timeout 120 python3 bench/bench_mla_engine.py --device cuda --layers 4 --batch 64 --prompt 2048 --new 64 \
+        --ranks 256 --rope-dims 16 --skip-deepseek 2>&1 | tee "$out/mla_engine_64x2048.log" | grep -E "tok/s|Error" | tail -6
+    timeout $((585 - SECONDS)) python3 -m pytest -p no:cacheprovider -m gpu tests/gpu tests/kernels -q -o addopts="" \
+        -rf --junitxml="$out/tier.xml" 2>&1 | tail -15
     ;;
 profile)
     timeout 150 python3 bench/profile_mla_absorbed.py --rows 24 > "$out/profile.log" 2>&1

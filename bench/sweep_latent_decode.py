@@ -37,8 +37,11 @@ def median_us(fn, calls: int = 30) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def sweep(name: str, default, grid: dict[str, list]) -> None:
+def sweep(name: str, default, grid: dict[str, list], defaults_only: bool) -> None:
     base = median_us(default)
+    if defaults_only:
+        print(f"{name}: default {base:.1f} us")
+        return
     results = []
     for values in itertools.product(*grid.values()):
         launch = dict(zip(grid, values, strict=True))
@@ -58,6 +61,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=256)
     parser.add_argument("--rope-dims", type=int, default=16)
     parser.add_argument("--quick", action="store_true", help="a smaller grid")
+    parser.add_argument("--defaults", action="store_true", help="only exact decode and the default launches")
     args = parser.parse_args()
     for shape in args.shapes.split(","):
         batch, ctx = (int(x) for x in shape.split("x"))
@@ -91,7 +95,7 @@ def sweep_shape(batch: int, ctx: int, args: argparse.Namespace) -> None:
         "block_h": [16, 32], "block_n": [32, 64] if args.quick else [16, 32, 64, 128],
         "num_warps": [4, 8], "num_stages": [2, 3] if args.quick else [1, 2, 3, 4],
         "num_splits": [1, 2, 4, 8, 16],
-    })  # fmt: skip
+    }, args.defaults)  # fmt: skip
 
     cache = torch.randn(batch * per_seq, page, rank, device=dev, dtype=dt) * 0.3
     up_k = torch.randn(kv_heads * head_dim, rank, device=dev, dtype=dt) * rank**-0.5
@@ -105,7 +109,7 @@ def sweep_shape(batch: int, ctx: int, args: argparse.Namespace) -> None:
     sweep("mla_conversion (RoPE on every dim)", converted, {
         "block_n": [32, 64] if args.quick else [16, 32, 64], "num_warps": [4, 8], "num_stages": [1, 2, 3],
         "num_splits": [1, 2, 4, 8] if args.quick else [1, 2, 4, 8, 16],
-    })  # fmt: skip
+    }, args.defaults)  # fmt: skip
 
 
 if __name__ == "__main__":

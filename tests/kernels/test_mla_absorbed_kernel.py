@@ -19,7 +19,9 @@ pytestmark = pytest.mark.kernels
 
 
 @pytest.mark.parametrize(
-    ("lens", "kv_heads", "group", "rope", "splits"), [([1, 19, 40], 2, 2, 4, 1), ([24, 7], 1, 3, 2, 2)]
+    ("lens", "kv_heads", "group", "rope", "splits"),
+    # 40 heads: the default launch takes 32 heads per program (mla_block_h), then a ragged block of 8
+    [([1, 19, 40], 2, 2, 4, 1), ([24, 7], 1, 3, 2, 2), ([33, 6], 8, 5, 2, 2)],
 )
 def test_triton_path_matches_torch_path(lens, kv_heads, group, rope, splits) -> None:
     gen = torch.Generator().manual_seed(len(lens))
@@ -48,7 +50,9 @@ def test_grouped_rope_query_equals_the_block_diagonal_one() -> None:
     q_lat = torch.randn(len(lens), heads, rank, generator=gen)
     q_rope = torch.randn(len(lens), heads, rope, generator=gen)
     eye = torch.eye(kv_heads).repeat_interleave(group, dim=0)  # [H, Hkv]: head h -> its KV head
-    block_diagonal = (eye[None, :, :, None] * q_rope[:, :, None, :]).reshape(len(lens), heads, kv_heads * rope)
+    block_diagonal = (eye[None, :, :, None] * q_rope[:, :, None, :]).reshape(
+        len(lens), heads, kv_heads * rope
+    )
     want = mla_decode_triton(q_lat, block_diagonal, cache, tables, context, 0.3)
     got = mla_decode_triton(q_lat, q_rope, cache, tables, context, 0.3, pe_group=rope)
     assert rel_err(got, want) < 1e-6

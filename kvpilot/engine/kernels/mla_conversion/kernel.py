@@ -3,11 +3,16 @@
 Program (sequence, KV head, split): the G query heads of one KV head (padded to BLOCK_G rows for
 tl.dot) walk the sequence's context in tiles of BLOCK_N cached latent rows c [BLOCK_N, r]. Per tile:
 k1 = c W1^T + b1, k2 = c W2^T + b2 (W1, W2: the KV head's first and second half of W_UK's rows, held
-for the whole walk), rotate-half RoPE at positions n (cos/sin of n x inv_freq in fp32, as the model's
-rotary computes them), scores q1.kr1 + q2.kr2, online softmax, and acc += p c (the value side stays in
+for the whole walk), rotate-half RoPE at positions n, scores q1.kr1 + q2.kr2, online softmax, and acc += p c (the value side stays in
 latent space). Split-K over the context as kernels/mla_decode does, reduced by kv_quant/split_reduce.
 A step costs 2 r D multiply-adds per cached token and KV head (the decompression) and reads r numbers
 per token and layer: compute-bound where exact attention is bandwidth-bound.
+
+The rotation angles n theta are built by the angle-addition formula, (n0 + i) theta from n0 theta (a
+tile's first position: HALF sines and cosines per tile) and i theta (i < BLOCK_N: a table made once per
+program), so a tile pays four fp32 multiply-adds per key pair instead of a precise sine and cosine: on
+the H200 the per-element sin/cos was about as dear as the decompression's tensor-core work. The result
+matches the model's rotary (cos/sin of fp32 n x inv_freq) to the rounding of that product.
 """
 
 from __future__ import annotations
@@ -33,13 +38,36 @@ patch_interpreter()
 
 @triton.jit
 def _mla_conversion_decode_kernel(
-    q_ptr, cache_ptr, up_k_ptr, k_bias_ptr, inv_freq_ptr, block_tables_ptr, context_lens_ptr,
-    out_ptr, part_o_ptr, part_lse_ptr,
-    stride_qb, stride_qh, stride_bt, stride_ob, stride_oh,
-    stride_wb, stride_wh, stride_ws, stride_lb, stride_lh,
+    q_ptr,
+    cache_ptr,
+    up_k_ptr,
+    k_bias_ptr,
+    inv_freq_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    out_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    stride_qb,
+    stride_qh,
+    stride_bt,
+    stride_ob,
+    stride_oh,
+    stride_wb,
+    stride_wh,
+    stride_ws,
+    stride_lb,
+    stride_lh,
     qk_scale_log2,
-    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HALF: tl.constexpr, RANK: tl.constexpr, BLOCK_R: tl.constexpr,
-    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    HALF: tl.constexpr,
+    RANK: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):
     b = tl.program_id(0)
     g = tl.program_id(1)
@@ -67,6 +95,10 @@ def _mla_conversion_decode_kernel(
         b2 = tl.load(k_bias_ptr + g * 2 * HALF + HALF + offs_d).to(tl.float32)
     inv_freq = tl.load(inv_freq_ptr + offs_d)  # fp32 [HALF]
 
+    step = tl.arange(0, BLOCK_N).to(tl.float32)[:, None] * inv_freq[None, :]  # i theta, i < BLOCK_N
+    cos_i = tl.cos(step)
+    sin_i = tl.sin(step)
+
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_R], tl.float32)
@@ -75,22 +107,48 @@ def _mla_conversion_decode_kernel(
         mask_n = offs_n < end
         block = tl.load(block_tables_ptr + b * stride_bt + offs_n // PAGE, mask=mask_n, other=0)
         row = (block.to(tl.int64) * PAGE + offs_n % PAGE) * RANK
-        c = tl.load(cache_ptr + row[:, None] + offs_r[None, :], mask=mask_n[:, None] & mask_r[None, :], other=0.0)
+        c = tl.load(
+            cache_ptr + row[:, None] + offs_r[None, :], mask=mask_n[:, None] & mask_r[None, :], other=0.0
+        )
         k1 = tl.dot(c, tl.trans(w1))  # [BLOCK_N, HALF] fp32
         k2 = tl.dot(c, tl.trans(w2))
         if HAS_BIAS:
             k1 += b1[None, :]
             k2 += b2[None, :]
-        angle = offs_n.to(tl.float32)[:, None] * inv_freq[None, :]  # the cached token's position is its index
-        cos = tl.cos(angle)
-        sin = tl.sin(angle)
+        # the cached token's position is its index: angle (n0 + i) theta = n0 theta + i theta, so a tile
+        # takes HALF sines and cosines of its first position and rotates the program's in-tile table
+        base = inv_freq * n0  # fp32
+        cos_b = tl.cos(base)[None, :]
+        sin_b = tl.sin(base)[None, :]
+        cos = cos_b * cos_i - sin_b * sin_i
+        sin = sin_b * cos_i + cos_b * sin_i
         kr1 = (k1 * cos - k2 * sin).to(c.dtype)
         kr2 = (k2 * cos + k1 * sin).to(c.dtype)
         s = tl.dot(q1, tl.trans(kr1)) + tl.dot(q2, tl.trans(kr2))  # [BLOCK_G, BLOCK_N]
         m_i, l_i, acc = online_softmax_step(s, mask_n, qk_scale_log2, c, m_i, l_i, acc)
 
-    store_output(out_ptr, part_o_ptr, part_lse_ptr, b, heads, split, offs_r, mask_g, mask_r, acc, l_i, m_i,
-                 stride_ob, stride_oh, stride_wb, stride_wh, stride_ws, stride_lb, stride_lh, NUM_SPLITS)
+    store_output(
+        out_ptr,
+        part_o_ptr,
+        part_lse_ptr,
+        b,
+        heads,
+        split,
+        offs_r,
+        mask_g,
+        mask_r,
+        acc,
+        l_i,
+        m_i,
+        stride_ob,
+        stride_oh,
+        stride_wb,
+        stride_wh,
+        stride_ws,
+        stride_lb,
+        stride_lh,
+        NUM_SPLITS,
+    )
 
 
 def mla_conversion_decode_triton(
@@ -124,7 +182,9 @@ def mla_conversion_decode_triton(
     assert kv_cache.dim() == 3 and kv_cache.is_contiguous(), "cache must be contiguous [blocks, page, r]"
     assert q.dtype == kv_cache.dtype == up_k.dtype, "q, cache and up_k must share one dtype"
     assert inv_freq.shape == (half,) and inv_freq.dtype == torch.float32
-    assert block_tables.dtype == torch.int32 and block_tables.shape[0] == batch and block_tables.stride(1) == 1
+    assert (
+        block_tables.dtype == torch.int32 and block_tables.shape[0] == batch and block_tables.stride(1) == 1
+    )
     assert context_lens.dtype == torch.int32 and context_lens.shape == (batch,)
     group = num_heads // num_kv_heads
     if num_splits is None:
@@ -135,14 +195,37 @@ def mla_conversion_decode_triton(
     part_o, part_lse = split_scratch(out, num_splits)
     bias = k_bias if k_bias is not None else up_k  # any pointer: HAS_BIAS=False never reads it
     _mla_conversion_decode_kernel[(batch, num_kv_heads, num_splits)](
-        q, kv_cache, up_k, bias, inv_freq, block_tables, context_lens, out, part_o, part_lse,
-        q.stride(0), q.stride(1), block_tables.stride(0), out.stride(0), out.stride(1),
-        part_o.stride(0), part_o.stride(1), part_o.stride(2) if num_splits > 1 else 0,
-        part_lse.stride(0), part_lse.stride(1),
+        q,
+        kv_cache,
+        up_k,
+        bias,
+        inv_freq,
+        block_tables,
+        context_lens,
+        out,
+        part_o,
+        part_lse,
+        q.stride(0),
+        q.stride(1),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        part_o.stride(0),
+        part_o.stride(1),
+        part_o.stride(2) if num_splits > 1 else 0,
+        part_lse.stride(0),
+        part_lse.stride(1),
         scale * LOG2E,
-        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HALF=half, RANK=rank,
-        BLOCK_R=max(16, triton.next_power_of_2(rank)), PAGE=kv_cache.shape[1], BLOCK_N=block_n,
-        NUM_SPLITS=num_splits, HAS_BIAS=k_bias is not None, num_warps=num_warps or (8 if rank >= 256 else 4),
+        GROUP=group,
+        BLOCK_G=max(16, triton.next_power_of_2(group)),
+        HALF=half,
+        RANK=rank,
+        BLOCK_R=max(16, triton.next_power_of_2(rank)),
+        PAGE=kv_cache.shape[1],
+        BLOCK_N=block_n,
+        NUM_SPLITS=num_splits,
+        HAS_BIAS=k_bias is not None,
+        num_warps=num_warps or (8 if rank >= 256 else 4),
         **({} if num_stages is None else {"num_stages": num_stages}),
     )
     if num_splits > 1:
