@@ -68,8 +68,9 @@ tuned)
     timeout 60 python3 bench/sweep_latent_decode.py --defaults --shapes 64x2048,32x8192 2>&1 | tee "$out/defaults.log"
     timeout 120 python3 bench/bench_mla_engine.py --device cuda --layers 4 --batch 64 --prompt 2048 --new 64 \
         --ranks 256 --rope-dims 16 --skip-deepseek 2>&1 | tee "$out/mla_engine_64x2048.log" | grep -E "tok/s|Error" | tail -6
-    timeout $((585 - SECONDS)) python3 -m pytest -p no:cacheprovider -m gpu tests/gpu tests/kernels -q -o addopts="" \
-        -rf --junitxml="$out/tier.xml" 2>&1 | tail -15
+    timeout $((585 - SECONDS)) python3 -m pytest -p no:cacheprovider -m gpu tests/gpu tests/kernels -v -o addopts="" \
+        -rf --junitxml="$out/tier.xml" > "$out/tier.log" 2>&1
+    grep -cE " PASSED" "$out/tier.log"; grep -E " FAILED| ERROR" "$out/tier.log" | head -20; tail -3 "$out/tier.log"
     ;;
 profile)
     timeout 150 python3 bench/profile_mla_absorbed.py --rows 24 > "$out/profile.log" 2>&1
