@@ -74,36 +74,40 @@ def decode_rate(path: Path, device: str, batch: int, prompt: int, new: int, **en
     # negative: the "exact" row of session 8 read 4e12 tok/s)
     prompts = [[3 + (i * 7 + j) % 300 for j in range(prompt)] for i in range(batch)]
 
-    def decode_only(n: int, round_: int) -> tuple[float, int, list[float]]:
-        """Prefill every sequence (steps until each has its first token), then time the decode steps alone:
-        (seconds, tokens decoded, per-step seconds). Differences of two whole generate() calls mixed the
-        prefill's run-to-run noise into a 64-token decode (session 9's first device run: exact 765 tok/s)."""
-        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-        eng = llm.engine
-        for i, p in enumerate(prompts):
-            eng.add_request(f"r{round_}-{i}", p, params)
-        started: set[str] = set()
-        while len(started) < batch:
-            started.update(o.request_id for o in eng.step() if o.new_token_ids)
-        sync(device)
-        tokens, steps = 0, []
-        start = time.perf_counter()
-        while eng.has_unfinished_requests():
-            t0 = time.perf_counter()
-            tokens += sum(len(o.new_token_ids) for o in eng.step())
-            sync(device)
-            steps.append(time.perf_counter() - t0)
-        return time.perf_counter() - start, tokens, steps
-
-    decode_only(4, 0)  # warm-up: kernel compilation, allocator
-    seconds, tokens, steps = decode_only(1 + new, 1)
-    steps.sort()
+    decode_only(llm, prompts, device, 4, 0)  # warm-up: kernel compilation, allocator
+    seconds, tokens, steps = decode_only(llm, prompts, device, 1 + new, 1)
+    slowest = max(steps, default=0.0)
     return {
         "bytes_per_token": llm.engine.runner.bytes_per_block // llm.engine.config.block_size,
         "decode_tokens_per_s": tokens / max(seconds, 1e-9),
-        "median_step_ms": 1e3 * steps[len(steps) // 2] if steps else None,
+        "median_step_ms": 1e3 * sorted(steps)[len(steps) // 2] if steps else None,
+        "max_step_ms": 1e3 * slowest,
         "mla": llm.engine.stats()["engine"]["mla"],
     }
+
+
+def decode_only(
+    llm: LLM, prompts: list[list[int]], device: str, n: int, round_: int
+) -> tuple[float, int, list[float]]:
+    """Prefill every sequence (steps until each has its first token), then time the decode steps alone:
+    (seconds, tokens decoded, per-step seconds in order). Differences of two whole generate() calls mixed
+    the prefill's run-to-run noise into a 64-token decode (session 9's first device run: exact 765 tok/s)."""
+    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    eng = llm.engine
+    for i, p in enumerate(prompts):
+        eng.add_request(f"r{round_}-{i}", p, params)
+    started: set[str] = set()
+    while len(started) < len(prompts):
+        started.update(o.request_id for o in eng.step() if o.new_token_ids)
+    sync(device)
+    tokens, steps = 0, []
+    start = time.perf_counter()
+    while eng.has_unfinished_requests():
+        t0 = time.perf_counter()
+        tokens += sum(len(o.new_token_ids) for o in eng.step())
+        sync(device)
+        steps.append(time.perf_counter() - t0)
+    return time.perf_counter() - start, tokens, steps
 
 
 def sync(device: str) -> None:

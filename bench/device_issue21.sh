@@ -11,6 +11,7 @@
 #   sweep: the latent kernels' launch parameters beside exact paged decode; the engine bench at 32 x 8k
 #   tuned: the engine bench at 32 x 8k and 64 x 2k, the kernels' default launches, then the gpu tier
 #            in what is left of the call's 600 s
+#   rest: which eager decode steps are slow (and what compiled in them); the gpu tier's last files
 #   profile: the torch profile of a converted decode step beside exact attention
 #   tier:    the whole gpu tier (tests/gpu and tests/kernels), junit in $OUT/tier.xml
 set -u
@@ -71,6 +72,12 @@ tuned)
     timeout $((585 - SECONDS)) python3 -m pytest -p no:cacheprovider -m gpu tests/gpu tests/kernels -v -o addopts="" \
         -rf --junitxml="$out/tier.xml" > "$out/tier.log" 2>&1
     grep -cE " PASSED" "$out/tier.log"; grep -E " FAILED| ERROR" "$out/tier.log" | head -20; tail -3 "$out/tier.log"
+    ;;
+rest)
+    TRITON_CACHE_DIR=/tmp/tc timeout 100 python3 bench/eager_step_outliers.py --batch 64 --prompt 2048 --new 32 2>&1 \
+        | tee "$out/outliers.log" | grep -E "round|Error"
+    timeout 150 python3 -m pytest -p no:cacheprovider -m gpu tests/kernels/test_kernels_gpu.py tests/gpu/test_structured_gpu.py \
+        -q -o addopts="" -rf 2>&1 | tail -4
     ;;
 profile)
     timeout 150 python3 bench/profile_mla_absorbed.py --rows 24 > "$out/profile.log" 2>&1
