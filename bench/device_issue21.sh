@@ -74,9 +74,9 @@ tuned)
     grep -cE " PASSED" "$out/tier.log"; grep -E " FAILED| ERROR" "$out/tier.log" | head -20; tail -3 "$out/tier.log"
     ;;
 rest)
-    TRITON_CACHE_DIR=/tmp/tc timeout 100 python3 bench/eager_step_outliers.py --batch 64 --prompt 2048 --new 32 2>&1 \
+    TRITON_CACHE_DIR=/tmp/tc timeout 90 python3 bench/eager_step_outliers.py --batch 64 --prompt 2048 --new 32 2>&1 \
         | tee "$out/outliers.log" | grep -E "round|Error"
-    timeout 150 python3 -m pytest -p no:cacheprovider -m gpu tests/kernels/test_kernels_gpu.py tests/gpu/test_structured_gpu.py \
+    timeout 120 python3 -m pytest -p no:cacheprovider -m gpu tests/kernels/test_kernels_gpu.py tests/gpu/test_structured_gpu.py \
         -q -o addopts="" -rf 2>&1 | tail -4
     ;;
 profile)
