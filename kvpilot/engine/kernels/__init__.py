@@ -17,14 +17,7 @@ from kvpilot.engine.kernels.rotary.reference import rotary_reference
 from kvpilot.engine.kernels.silu_mul.reference import silu_mul_reference
 from kvpilot.engine.kernels.store_kvcache.reference import store_kvcache_reference
 
-__all__ = [
-    "paged_attention_decode",
-    "paged_attention_prefill",
-    "rmsnorm",
-    "rotary",
-    "silu_mul",
-    "store_kvcache",
-]
+__all__ = ["paged_attention_decode", "paged_attention_prefill", "rmsnorm", "rotary", "silu_mul", "store_kvcache"]
 
 
 def rotary(
@@ -97,9 +90,7 @@ def paged_attention_prefill(
         return paged_attention_prefill_triton(
             q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_seqlen_q
         )
-    return paged_attention_prefill_reference(
-        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
-    )
+    return paged_attention_prefill_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
 
 
 def paged_attention_decode(

@@ -16,9 +16,7 @@ def backend_for(tensor: torch.Tensor) -> str:
     if forced in BACKENDS:
         return forced
     if forced not in ("", "auto"):
-        raise ValueError(
-            f"{ENV_VAR}={forced!r} is not a kernel backend; use one of {BACKENDS} or leave it unset"
-        )
+        raise ValueError(f"{ENV_VAR}={forced!r} is not a kernel backend; use one of {BACKENDS} or leave it unset")
     return "triton" if tensor.is_cuda else "torch"
 
 

@@ -27,9 +27,7 @@ def check_paged_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     )
     assert num_heads % num_kv_heads == 0, f"Hq={num_heads} must be a multiple of Hkv={num_kv_heads}"
     assert q.dtype in SUPPORTED_DTYPES, f"dtype {q.dtype}: supported are {SUPPORTED_DTYPES}"
-    assert q.dtype == k_cache.dtype == v_cache.dtype, (
-        f"q {q.dtype} and caches {k_cache.dtype} must share a dtype"
-    )
+    assert q.dtype == k_cache.dtype == v_cache.dtype, f"q {q.dtype} and caches {k_cache.dtype} must share a dtype"
     return block_size, num_kv_heads, num_heads // num_kv_heads
 
 
@@ -44,9 +42,7 @@ def check_block_tables(block_tables: torch.Tensor, batch: int) -> None:
         f"block_tables has shape {tuple(block_tables.shape)}: want [{batch}, max_blocks]"
     )
     assert block_tables.dtype == torch.int32, f"block_tables dtype {block_tables.dtype}: want torch.int32"
-    assert block_tables.stride(1) == 1, (
-        f"block_tables rows must be contiguous, strides {block_tables.stride()}"
-    )
+    assert block_tables.stride(1) == 1, f"block_tables rows must be contiguous, strides {block_tables.stride()}"
 
 
 def dot_dtype(dtype: torch.dtype) -> tl.dtype:

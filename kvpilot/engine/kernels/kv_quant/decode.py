@@ -47,6 +47,8 @@ INT8_FP16_OFFSET_C: tl.constexpr = tl.constexpr(1152.0)
 patch_interpreter()
 
 
+
+
 @triton.jit
 def _int8_as_fp16(x):
     """int8 -> fp16 holding x + 1152 (INT8_FP16_OFFSET_C), with two integer ops and no int->float conversion.
@@ -65,18 +67,12 @@ def _int8_as_fp16_ptx(x):
     return tl.inline_asm_elementwise(
         "{ .reg .b32 t; xor.b32 t, $2, 0x80808080; prmt.b32 $0, t, 0x64646464, 0x5140; "
         "prmt.b32 $1, t, 0x64646464, 0x7362; }",
-        "=r,=r,r",
-        [x],
-        dtype=tl.float16,
-        is_pure=True,
-        pack=4,
+        "=r,=r,r", [x], dtype=tl.float16, is_pure=True, pack=4,
     )
 
 
 @triton.jit
-def _dot_operand(
-    raw, QUANT: tl.constexpr, FP16_DOT: tl.constexpr, DTYPE: tl.constexpr, PTX: tl.constexpr = False
-):
+def _dot_operand(raw, QUANT: tl.constexpr, FP16_DOT: tl.constexpr, DTYPE: tl.constexpr, PTX: tl.constexpr = False):
     if FP16_DOT and QUANT == 1:
         if PTX:
             return _int8_as_fp16_ptx(raw)
@@ -94,46 +90,13 @@ def _quantize_rows_int8(q):
 
 @triton.jit
 def _attend_tile(
-    q,
-    q8,
-    q_row,
-    q_sum,
-    m_i,
-    l_i,
-    acc,
-    n0,
-    end,
-    block,
-    table_row,
-    kvh,
-    k_cache_ptr,
-    v_cache_ptr,
-    k_scale_ptr,
-    v_scale_ptr,
-    stride_kb,
-    stride_kt,
-    stride_kh,
-    stride_vb,
-    stride_vt,
-    stride_vh,
-    stride_vd,
-    stride_sb,
-    stride_st,
-    stride_sh,
-    k_head_scale,
-    v_head_scale,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    PAGE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    QUANT: tl.constexpr,
-    FP16_DOT: tl.constexpr,
-    INT8_QK: tl.constexpr,
-    V_DIM_MAJOR: tl.constexpr,
-    SCALE_TOKEN_CONTIG: tl.constexpr,
-    RUN: tl.constexpr,
-    PTX: tl.constexpr,
-    V_PAGED_LOAD: tl.constexpr,
+    q, q8, q_row, q_sum, m_i, l_i, acc, n0, end, block, table_row, kvh,
+    k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
+    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_vd, stride_sb, stride_st, stride_sh,
+    k_head_scale, v_head_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+    QUANT: tl.constexpr, FP16_DOT: tl.constexpr, INT8_QK: tl.constexpr, V_DIM_MAJOR: tl.constexpr,
+    SCALE_TOKEN_CONTIG: tl.constexpr, RUN: tl.constexpr, PTX: tl.constexpr, V_PAGED_LOAD: tl.constexpr,
     MASKED: tl.constexpr,
 ):
     """One BLOCK_N tile of context (tokens n0..n0+BLOCK_N) folded into the online softmax state.
@@ -183,14 +146,10 @@ def _attend_tile(
         # the same shape of access as K (whose loads and shared-memory stores are ideal); an [N, D]
         # tile of dim-major V had twice the L2 sectors and 8x the shared wavefronts (ncu, session 3)
         if MASKED or not V_PAGED_LOAD:
-            vt_off = (block * stride_vb + slot * stride_vt + kvh * stride_vh)[None, :] + offs_d[
-                :, None
-            ] * stride_vd
+            vt_off = (block * stride_vb + slot * stride_vt + kvh * stride_vh)[None, :] + offs_d[:, None] * stride_vd
             vt_off = tl.max_contiguous(tl.multiple_of(vt_off, [1, RUN]), [1, RUN])
             if MASKED:
-                vt_raw = tl.load(
-                    v_cache_ptr + vt_off, mask=(offs_d[:, None] < HEAD_DIM) & mask_n[None, :], other=0.0
-                )
+                vt_raw = tl.load(v_cache_ptr + vt_off, mask=(offs_d[:, None] < HEAD_DIM) & mask_n[None, :], other=0.0)
             else:
                 vt_raw = tl.load(v_cache_ptr + vt_off)
         else:
@@ -231,54 +190,17 @@ def _table_tile(table, n0, end, offs_t, PAGE: tl.constexpr):
 
 @triton.jit
 def _paged_decode_quant_kernel(
-    q_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    k_scale_ptr,
-    v_scale_ptr,
-    block_tables_ptr,
-    context_lens_ptr,
-    out_ptr,
-    part_o_ptr,
-    part_lse_ptr,
-    stride_qb,
-    stride_qh,
-    stride_bt,
-    stride_ob,
-    stride_oh,
-    stride_pb,
-    stride_ph,
-    stride_ps,
-    stride_lb,
-    stride_lh,
-    stride_kb,
-    stride_kt,
-    stride_kh,
-    stride_vb,
-    stride_vt,
-    stride_vh,
-    stride_vd,
-    stride_sb,
-    stride_st,
-    stride_sh,
+    q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, context_lens_ptr,
+    out_ptr, part_o_ptr, part_lse_ptr,
+    stride_qb, stride_qh, stride_bt, stride_ob, stride_oh,
+    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_vd, stride_sb, stride_st, stride_sh,
     qk_scale_log2,
-    GROUP: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    PAGE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    QUANT: tl.constexpr,
-    FP16_DOT: tl.constexpr,
-    INT8_QK: tl.constexpr,
-    V_DIM_MAJOR: tl.constexpr,
-    SCALE_TOKEN_CONTIG: tl.constexpr,
-    RUN: tl.constexpr,
-    PTX: tl.constexpr,
-    TABLE_AHEAD: tl.constexpr,
-    HEADS_FASTEST: tl.constexpr,
-    V_PAGED_LOAD: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, QUANT: tl.constexpr, FP16_DOT: tl.constexpr, INT8_QK: tl.constexpr,
+    V_DIM_MAJOR: tl.constexpr, SCALE_TOKEN_CONTIG: tl.constexpr, RUN: tl.constexpr, PTX: tl.constexpr,
+    TABLE_AHEAD: tl.constexpr, HEADS_FASTEST: tl.constexpr, V_PAGED_LOAD: tl.constexpr,
 ):
     if HEADS_FASTEST:  # a sequence's KV heads run side by side: their K rows share DRAM pages
         kvh = tl.program_id(0)
@@ -297,11 +219,8 @@ def _paged_decode_quant_kernel(
     mask_g = offs_g < GROUP
     mask_d = offs_d < HEAD_DIM
     heads = kvh * GROUP + offs_g
-    q = tl.load(
-        q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-        mask=mask_g[:, None] & mask_d[None, :],
-        other=0.0,
-    )
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_g[:, None] & mask_d[None, :], other=0.0)
     # every per-row factor of the scores in one multiply: softmax scale (log2 domain) x q's int8 scale
     q_row = tl.full([BLOCK_G], 1.0, tl.float32) * qk_scale_log2
     q8 = q
@@ -333,47 +252,11 @@ def _paged_decode_quant_kernel(
         else:
             block = tl.load(table + (n0 + offs_t) // PAGE).to(tl.int64)
         m_i, l_i, acc = _attend_tile(
-            q,
-            q8,
-            q_row,
-            q_sum,
-            m_i,
-            l_i,
-            acc,
-            n0,
-            end,
-            block,
-            table,
-            kvh,
-            k_cache_ptr,
-            v_cache_ptr,
-            k_scale_ptr,
-            v_scale_ptr,
-            stride_kb,
-            stride_kt,
-            stride_kh,
-            stride_vb,
-            stride_vt,
-            stride_vh,
-            stride_vd,
-            stride_sb,
-            stride_st,
-            stride_sh,
-            k_head_scale,
-            v_head_scale,
-            HEAD_DIM,
-            BLOCK_D,
-            PAGE,
-            BLOCK_N,
-            QUANT,
-            FP16_DOT,
-            INT8_QK,
-            V_DIM_MAJOR,
-            SCALE_TOKEN_CONTIG,
-            RUN,
-            PTX,
-            V_PAGED_LOAD,
-            False,
+            q, q8, q_row, q_sum, m_i, l_i, acc, n0, end, block, table, kvh,
+            k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
+            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_vd, stride_sb, stride_st, stride_sh,
+            k_head_scale, v_head_scale, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, QUANT, FP16_DOT, INT8_QK, V_DIM_MAJOR,
+            SCALE_TOKEN_CONTIG, RUN, PTX, V_PAGED_LOAD, False,
         )
         if TABLE_AHEAD:
             block = block_next
@@ -381,63 +264,21 @@ def _paged_decode_quant_kernel(
         if not TABLE_AHEAD:
             block = _table_tile(table, full_end, end, offs_t, PAGE)
         m_i, l_i, acc = _attend_tile(
-            q,
-            q8,
-            q_row,
-            q_sum,
-            m_i,
-            l_i,
-            acc,
-            full_end,
-            end,
-            block,
-            table,
-            kvh,
-            k_cache_ptr,
-            v_cache_ptr,
-            k_scale_ptr,
-            v_scale_ptr,
-            stride_kb,
-            stride_kt,
-            stride_kh,
-            stride_vb,
-            stride_vt,
-            stride_vh,
-            stride_vd,
-            stride_sb,
-            stride_st,
-            stride_sh,
-            k_head_scale,
-            v_head_scale,
-            HEAD_DIM,
-            BLOCK_D,
-            PAGE,
-            BLOCK_N,
-            QUANT,
-            FP16_DOT,
-            INT8_QK,
-            V_DIM_MAJOR,
-            SCALE_TOKEN_CONTIG,
-            RUN,
-            PTX,
-            V_PAGED_LOAD,
-            True,
+            q, q8, q_row, q_sum, m_i, l_i, acc, full_end, end, block, table, kvh,
+            k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
+            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_vd, stride_sb, stride_st, stride_sh,
+            k_head_scale, v_head_scale, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, QUANT, FP16_DOT, INT8_QK, V_DIM_MAJOR,
+            SCALE_TOKEN_CONTIG, RUN, PTX, V_PAGED_LOAD, True,
         )
 
     out = acc / tl.maximum(l_i, 1e-30)[:, None]
     if NUM_SPLITS == 1:
-        tl.store(
-            out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
-            out.to(out_ptr.dtype.element_ty),
-            mask=mask_g[:, None] & mask_d[None, :],
-        )
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=mask_g[:, None] & mask_d[None, :])
     else:
         lse = tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))
-        tl.store(
-            part_o_ptr + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :],
-            out,
-            mask=mask_g[:, None] & mask_d[None, :],
-        )
+        tl.store(part_o_ptr + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :],
+                 out, mask=mask_g[:, None] & mask_d[None, :])
         tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=mask_g)
 
 
@@ -502,9 +343,7 @@ def paged_attention_decode_quant_triton(
     against a per-head int8 quantisation of q (see the module docstring); False keeps q exact.
     maxnreg caps registers per thread on CUDA (more resident programs per SM).
     """
-    tensors = [
-        t for t in (q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens) if t is not None
-    ]
+    tensors = [t for t in (q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens) if t is not None]
     check_triton_device(*tensors)
     quant = _quant_mode(k_cache, q)
     assert v_cache.dtype == k_cache.dtype and v_cache.shape == k_cache.shape, "k/v caches must match"
@@ -521,9 +360,7 @@ def paged_attention_decode_quant_triton(
         assert k_scale is not None and v_scale is not None and k_scale.shape == k_cache.shape[:3], (
             f"int8 cache needs scale caches {tuple(k_cache.shape[:3])}"
         )
-        assert v_scale.shape == k_scale.shape and v_scale.stride() == k_scale.stride(), (
-            "k/v scale caches must match"
-        )
+        assert v_scale.shape == k_scale.shape and v_scale.stride() == k_scale.stride(), "k/v scale caches must match"
         check_scale_layout(k_scale, "k_scale")
     elif quant == QUANT_FP8:
         assert k_scale is not None and v_scale is not None, "fp8 cache needs per-head scales [Hkv]"
@@ -548,9 +385,7 @@ def paged_attention_decode_quant_triton(
         num_splits = 1
         if q.is_cuda:
             sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-            num_splits = pow2_splits(
-                batch * num_kv_heads, sms, block_tables.shape[1] * page, block_n, waves=d.waves
-            )
+            num_splits = pow2_splits(batch * num_kv_heads, sms, block_tables.shape[1] * page, block_n, waves=d.waves)
     out = torch.empty_like(q)
     if batch == 0:
         return out
@@ -567,52 +402,20 @@ def paged_attention_decode_quant_triton(
     scale_strides = k_scale.stride() if quant == QUANT_INT8 else (0, 0, 0)
     grid = (num_kv_heads, batch, num_splits) if heads_fastest else (batch, num_kv_heads, num_splits)
     _paged_decode_quant_kernel[grid](
-        q,
-        k_cache,
-        v_cache,
-        k_s,
-        v_s,
-        block_tables,
-        context_lens,
-        out,
-        part_o,
-        part_lse,
-        q.stride(0),
-        q.stride(1),
-        block_tables.stride(0),
-        out.stride(0),
-        out.stride(1),
-        part_o.stride(0),
-        part_o.stride(1),
-        part_o.stride(2) if num_splits > 1 else 0,
-        part_lse.stride(0),
-        part_lse.stride(1),
-        *k_cache.stride()[:3],
-        *v_cache.stride(),
-        *scale_strides,
+        q, k_cache, v_cache, k_s, v_s, block_tables, context_lens, out, part_o, part_lse,
+        q.stride(0), q.stride(1), block_tables.stride(0), out.stride(0), out.stride(1),
+        part_o.stride(0), part_o.stride(1), part_o.stride(2) if num_splits > 1 else 0,
+        part_lse.stride(0), part_lse.stride(1),
+        *k_cache.stride()[:3], *v_cache.stride(), *scale_strides,
         scale * LOG2E,
-        GROUP=group,
-        BLOCK_G=max(16, triton.next_power_of_2(group)),
-        HEAD_DIM=head_dim,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        PAGE=page,
-        BLOCK_N=block_n,
-        NUM_SPLITS=num_splits,
-        QUANT=quant,
-        FP16_DOT=fp16_dots and quant != QUANT_NONE,
-        INT8_QK=int8_qk,
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), PAGE=page, BLOCK_N=block_n,
+        NUM_SPLITS=num_splits, QUANT=quant, FP16_DOT=fp16_dots and quant != QUANT_NONE, INT8_QK=int8_qk,
         V_DIM_MAJOR=is_dim_major(v_cache) and page % 16 == 0 and block_n % 16 == 0,
-        SCALE_TOKEN_CONTIG=quant == QUANT_INT8
-        and is_token_contiguous(k_scale)
-        and page % 4 == 0
-        and block_n % 4 == 0,
-        RUN=min(page, block_n),
-        PTX=q.is_cuda,
-        TABLE_AHEAD=table_ahead,
-        HEADS_FASTEST=heads_fastest,
+        SCALE_TOKEN_CONTIG=quant == QUANT_INT8 and is_token_contiguous(k_scale) and page % 4 == 0 and block_n % 4 == 0,
+        RUN=min(page, block_n), PTX=q.is_cuda, TABLE_AHEAD=table_ahead, HEADS_FASTEST=heads_fastest,
         V_PAGED_LOAD=v_paged_load and is_dim_major(v_cache) and page % 16 == 0 and block_n % page == 0,
-        num_warps=num_warps,
-        **stages,
+        num_warps=num_warps, **stages,
     )
     if num_splits > 1:
         split_reduce(part_o, part_lse, out)

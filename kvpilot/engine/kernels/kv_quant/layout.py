@@ -21,29 +21,16 @@ from __future__ import annotations
 import torch
 
 
-def zeros_dim_major(
-    lead: tuple[int, ...],
-    num_blocks: int,
-    block_size: int,
-    heads: int,
-    dim: int,
-    dtype: torch.dtype,
-    device: torch.device | str,
-) -> torch.Tensor:
+def zeros_dim_major(lead: tuple[int, ...], num_blocks: int, block_size: int, heads: int, dim: int,
+                    dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """Zeros of logical shape lead + [num_blocks, block_size, heads, dim], stored [.., block, head, dim, token]."""
     storage = torch.zeros((*lead, num_blocks, heads, dim, block_size), dtype=dtype, device=device)
     n = len(lead)
     return storage.permute(*range(n), n, n + 3, n + 1, n + 2)
 
 
-def zeros_token_contiguous(
-    lead: tuple[int, ...],
-    num_blocks: int,
-    block_size: int,
-    heads: int,
-    dtype: torch.dtype,
-    device: torch.device | str,
-) -> torch.Tensor:
+def zeros_token_contiguous(lead: tuple[int, ...], num_blocks: int, block_size: int, heads: int,
+                           dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """Zeros of logical shape lead + [num_blocks, block_size, heads], stored [.., block, head, token]."""
     storage = torch.zeros((*lead, num_blocks, heads, block_size), dtype=dtype, device=device)
     n = len(lead)

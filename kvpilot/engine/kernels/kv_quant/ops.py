@@ -50,17 +50,6 @@ def paged_attention_decode_quant(
     if backend_for(q) == "triton":
         from kvpilot.engine.kernels.kv_quant.decode import paged_attention_decode_quant_triton
 
-        return paged_attention_decode_quant_triton(
-            q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, scale
-        )
-    return paged_attention_decode_quant_reference(
-        q,
-        k_cache,
-        v_cache,
-        k_scale,
-        v_scale,
-        block_tables,
-        context_lens,
-        scale,
-        int8_qk=int8_scores(k_cache.dtype, q.shape[-1]),
-    )
+        return paged_attention_decode_quant_triton(q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, scale)
+    return paged_attention_decode_quant_reference(q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, scale,
+                                                  int8_qk=int8_scores(k_cache.dtype, q.shape[-1]))

@@ -23,23 +23,10 @@ patch_interpreter()
 
 @triton.jit
 def _dequantize_blocks_kernel(
-    cache_ptr,
-    scale_ptr,
-    block_ids_ptr,
-    out_ptr,
-    stride_cb,
-    stride_ct,
-    stride_ch,
-    stride_cd,
-    stride_sb,
-    stride_st,
-    stride_sh,
-    ROWS: tl.constexpr,
-    NUM_KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    IS_INT8: tl.constexpr,
+    cache_ptr, scale_ptr, block_ids_ptr, out_ptr,
+    stride_cb, stride_ct, stride_ch, stride_cd, stride_sb, stride_st, stride_sh,
+    ROWS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, IS_INT8: tl.constexpr,
 ):
     # One program per block: its ROWS = block_size * Hkv rows (token-major, then head) of HEAD_DIM
     # values, read through the cache's strides (any layout of kv_quant.layout), written contiguous.
@@ -54,9 +41,7 @@ def _dequantize_blocks_kernel(
     x = tl.load(cache_ptr + src, mask=mask, other=0.0).to(tl.float32)
     tile = offs_r[:, None] * HEAD_DIM + offs_d[None, :]
     if IS_INT8:
-        s = tl.load(
-            scale_ptr + block * stride_sb + token * stride_st + head * stride_sh, mask=mask_r, other=0.0
-        )
+        s = tl.load(scale_ptr + block * stride_sb + token * stride_st + head * stride_sh, mask=mask_r, other=0.0)
     else:
         s = tl.load(scale_ptr + head, mask=mask_r, other=0.0)
     x = x * s.to(tl.float32)[:, None]
@@ -79,23 +64,14 @@ def dequantize_blocks_triton(
         assert scale.is_contiguous(), "fp8 per-head scales must be contiguous"
     assert block_ids.dim() == 1 and block_ids.dtype == torch.int32, "block_ids must be int32 [n]"
     assert out_dtype in (torch.float16, torch.bfloat16, torch.float32), f"out_dtype {out_dtype} not supported"
-    out = torch.empty(
-        block_ids.shape[0], page, num_kv_heads, head_dim, dtype=out_dtype, device=cache_q.device
-    )
+    out = torch.empty(block_ids.shape[0], page, num_kv_heads, head_dim, dtype=out_dtype, device=cache_q.device)
     if block_ids.shape[0] == 0:
         return out
     _dequantize_blocks_kernel[(block_ids.shape[0],)](
-        cache_q,
-        scale,
-        block_ids,
-        out,
-        *cache_q.stride(),
-        *(scale.stride() if is_int8 else (0, 0, 0)),
-        ROWS=page * num_kv_heads,
-        NUM_KV_HEADS=num_kv_heads,
-        HEAD_DIM=head_dim,
-        BLOCK_R=triton.next_power_of_2(page * num_kv_heads),
-        BLOCK_D=triton.next_power_of_2(head_dim),
+        cache_q, scale, block_ids, out,
+        *cache_q.stride(), *(scale.stride() if is_int8 else (0, 0, 0)),
+        ROWS=page * num_kv_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+        BLOCK_R=triton.next_power_of_2(page * num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
         IS_INT8=is_int8,
     )
     return out

@@ -13,20 +13,9 @@ patch_interpreter()
 
 @triton.jit
 def _split_reduce_kernel(
-    part_o_ptr,
-    part_lse_ptr,
-    out_ptr,
-    stride_pb,
-    stride_ph,
-    stride_ps,
-    stride_lb,
-    stride_lh,
-    stride_ob,
-    stride_oh,
-    NUM_SPLITS: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    part_o_ptr, part_lse_ptr, out_ptr,
+    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
+    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, DIM: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -39,15 +28,10 @@ def _split_reduce_kernel(
     weight = tl.where(lse > float("-inf"), tl.exp2(lse - lse_max), 0.0)
     part = tl.load(
         part_o_ptr + b * stride_pb + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
-        mask=mask_s[:, None] & (offs_d[None, :] < DIM),
-        other=0.0,
+        mask=mask_s[:, None] & (offs_d[None, :] < DIM), other=0.0,
     )
-    out = tl.sum(part * weight[:, None], axis=0) / tl.maximum(
-        tl.sum(weight, axis=0), 1e-30
-    )  # 0: context length 0
-    tl.store(
-        out_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=offs_d < DIM
-    )
+    out = tl.sum(part * weight[:, None], axis=0) / tl.maximum(tl.sum(weight, axis=0), 1e-30)  # 0: context length 0
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=offs_d < DIM)
 
 
 def split_reduce(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor) -> None:
@@ -56,33 +40,16 @@ def split_reduce(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor
     assert part_lse.shape == (batch, heads, splits) and out.shape == (batch, heads, dim)
     assert part_o.stride(-1) == 1 and part_lse.stride(-1) == 1 and out.stride(-1) == 1
     _split_reduce_kernel[(batch, heads)](
-        part_o,
-        part_lse,
-        out,
-        part_o.stride(0),
-        part_o.stride(1),
-        part_o.stride(2),
-        part_lse.stride(0),
-        part_lse.stride(1),
-        out.stride(0),
-        out.stride(1),
-        NUM_SPLITS=splits,
-        BLOCK_S=max(2, triton.next_power_of_2(splits)),
-        DIM=dim,
+        part_o, part_lse, out,
+        part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
+        out.stride(0), out.stride(1),
+        NUM_SPLITS=splits, BLOCK_S=max(2, triton.next_power_of_2(splits)), DIM=dim,
         BLOCK_D=triton.next_power_of_2(dim),
     )
 
 
-def pow2_splits(
-    num_programs: int,
-    sms: int,
-    max_context: int,
-    block_n: int,
-    *,
-    waves: int = 2,
-    min_tiles: int = 2,
-    max_splits: int = 64,
-) -> int:
+def pow2_splits(num_programs: int, sms: int, max_context: int, block_n: int, *, waves: int = 2,
+                min_tiles: int = 2, max_splits: int = 64) -> int:
     """Context splits for a decode launch, a power of two: enough for about `waves` programs per SM, but
     at least `min_tiles` tiles of `block_n` tokens per split of the longest context, and at most
     `max_splits`. At batch 1 x 32768 tokens (8 KV heads, 132 SMs) that is 64 splits, where a cap of 16

@@ -65,31 +65,10 @@ def _quantize_row(x, scale_ptr, scale_off, head, IS_INT8: tl.constexpr, OUT_DTYP
 
 @triton.jit
 def _store_kvcache_quant_kernel(
-    key_ptr,
-    value_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    k_scale_ptr,
-    v_scale_ptr,
-    slot_ptr,
-    stride_kn,
-    stride_kh,
-    stride_vn,
-    stride_vh,
-    stride_cb,
-    stride_ct,
-    stride_ch,
-    stride_db,
-    stride_dt,
-    stride_dh,
-    stride_dd,
-    stride_sb,
-    stride_st,
-    stride_sh,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    PAGE: tl.constexpr,
-    IS_INT8: tl.constexpr,
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, slot_ptr,
+    stride_kn, stride_kh, stride_vn, stride_vh,
+    stride_cb, stride_ct, stride_ch, stride_db, stride_dt, stride_dh, stride_dd, stride_sb, stride_st, stride_sh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, IS_INT8: tl.constexpr,
 ):
     # K cache strides (c*: block, token, head; dim contiguous), V cache strides (d*: any layout of
     # kv_quant.layout), int8 scale-cache strides (s*).
@@ -125,16 +104,12 @@ def store_kvcache_quant_triton(
     check_triton_device(key, value, k_cache, v_cache, k_scale, v_scale, slot_mapping)
     mode = mode_of(k_cache)
     assert v_cache.dtype == k_cache.dtype, f"k/v cache dtypes differ: {k_cache.dtype} vs {v_cache.dtype}"
-    assert key.dim() == 3 and key.shape == value.shape, (
-        f"key/value must be [N, Hkv, D], got {key.shape}, {value.shape}"
-    )
+    assert key.dim() == 3 and key.shape == value.shape, f"key/value must be [N, Hkv, D], got {key.shape}, {value.shape}"
     num_tokens, num_kv_heads, head_dim = key.shape
     assert k_cache.dim() == 4 and k_cache.shape[2:] == (num_kv_heads, head_dim), (
         f"cache must be [num_blocks, block_size, {num_kv_heads}, {head_dim}], got {tuple(k_cache.shape)}"
     )
-    assert k_cache.shape == v_cache.shape and k_cache.is_contiguous(), (
-        "k_cache must be contiguous, v_cache its shape"
-    )
+    assert k_cache.shape == v_cache.shape and k_cache.is_contiguous(), "k_cache must be contiguous, v_cache its shape"
     check_cache_layout(v_cache, "v_cache")
     assert key.stride(-1) == 1 and value.stride(-1) == 1, "key/value last dim must be contiguous"
     assert slot_mapping.shape == (num_tokens,) and slot_mapping.dtype == torch.int32, "slot_mapping int32 [N]"
@@ -142,35 +117,18 @@ def store_kvcache_quant_triton(
         assert k_scale.shape == k_cache.shape[:3] and v_scale.shape == v_cache.shape[:3], (
             f"int8 scale caches must be {tuple(k_cache.shape[:3])}, got {tuple(k_scale.shape)}"
         )
-        assert k_scale.dtype in (torch.float32, torch.float16), (
-            f"int8 scales must be fp32/fp16, got {k_scale.dtype}"
-        )
+        assert k_scale.dtype in (torch.float32, torch.float16), f"int8 scales must be fp32/fp16, got {k_scale.dtype}"
         assert v_scale.stride() == k_scale.stride(), "k/v scale caches must share a layout"
         check_scale_layout(k_scale, "k_scale")
     else:
-        assert k_scale.shape == (num_kv_heads,) and v_scale.shape == (num_kv_heads,), (
-            "fp8 scales must be [Hkv]"
-        )
+        assert k_scale.shape == (num_kv_heads,) and v_scale.shape == (num_kv_heads,), "fp8 scales must be [Hkv]"
         assert k_scale.dtype == torch.float32 and v_scale.dtype == torch.float32, "fp8 scales must be fp32"
     if num_tokens == 0:
         return
     _store_kvcache_quant_kernel[(num_tokens, num_kv_heads)](
-        key,
-        value,
-        k_cache,
-        v_cache,
-        k_scale,
-        v_scale,
-        slot_mapping,
-        key.stride(0),
-        key.stride(1),
-        value.stride(0),
-        value.stride(1),
-        *k_cache.stride()[:3],
-        *v_cache.stride(),
-        *(k_scale.stride() if mode == "int8" else (0, 0, 0)),
-        HEAD_DIM=head_dim,
-        BLOCK_D=triton.next_power_of_2(head_dim),
-        PAGE=k_cache.shape[1],
+        key, value, k_cache, v_cache, k_scale, v_scale, slot_mapping,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        *k_cache.stride()[:3], *v_cache.stride(), *(k_scale.stride() if mode == "int8" else (0, 0, 0)),
+        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=k_cache.shape[1],
         IS_INT8=mode == "int8",
     )

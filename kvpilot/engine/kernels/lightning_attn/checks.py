@@ -6,12 +6,7 @@ import torch
 
 
 def check_qkv_state(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    slopes: torch.Tensor,
-    state_pool: torch.Tensor,
-    rows: str,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: torch.Tensor, state_pool: torch.Tensor, rows: str
 ) -> tuple[int, int, int]:
     """Return (num_heads, dk, dv) after checking q, k [rows, H, Dk], v [rows, H, Dv], the fp32 state
     pool [slots, H, Dk, Dv] and the fp32 slopes [H]; `rows` names the first dim in messages (B or T)."""
@@ -25,8 +20,6 @@ def check_qkv_state(
     assert state_pool.dim() == 4 and state_pool.shape[1:] == (num_heads, dk, dv), (
         f"state_pool must be [num_slots, {num_heads}, {dk}, {dv}], got {tuple(state_pool.shape)}"
     )
-    assert state_pool.dtype == torch.float32 and state_pool.is_contiguous(), (
-        "state_pool must be contiguous fp32"
-    )
+    assert state_pool.dtype == torch.float32 and state_pool.is_contiguous(), "state_pool must be contiguous fp32"
     assert slopes.shape == (num_heads,) and slopes.dtype == torch.float32, "slopes must be fp32 [H]"
     return num_heads, dk, dv

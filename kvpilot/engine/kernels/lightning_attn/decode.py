@@ -19,28 +19,10 @@ patch_interpreter()
 
 @triton.jit
 def _lightning_decode_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    o_ptr,
-    slopes_ptr,
-    state_ptr,
-    slot_ptr,
-    stride_qb,
-    stride_qh,
-    stride_kb,
-    stride_kh,
-    stride_vb,
-    stride_vh,
-    stride_ob,
-    stride_oh,
-    stride_ss,
-    stride_sh,
-    stride_sk,
-    DK: tl.constexpr,
-    DV: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_V: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, o_ptr, slopes_ptr, state_ptr, slot_ptr,
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh,
+    stride_ss, stride_sh, stride_sk,
+    DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -89,27 +71,9 @@ def lightning_decode_triton(
         block_v = 64 if batch * num_heads * triton.cdiv(dv, 64) >= 2048 else 32
     block_v = min(block_v, triton.next_power_of_2(dv))
     _lightning_decode_kernel[(batch, num_heads, triton.cdiv(dv, block_v))](
-        q,
-        k,
-        v,
-        out,
-        slopes,
-        state_pool,
-        slot_ids,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        out.stride(0),
-        out.stride(1),
-        state_pool.stride(0),
-        state_pool.stride(1),
-        state_pool.stride(2),
-        DK=dk,
-        DV=dv,
-        BLOCK_K=triton.next_power_of_2(dk),
-        BLOCK_V=block_v,
+        q, k, v, out, slopes, state_pool, slot_ids,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+        state_pool.stride(0), state_pool.stride(1), state_pool.stride(2),
+        DK=dk, DV=dv, BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=block_v,
     )
     return out

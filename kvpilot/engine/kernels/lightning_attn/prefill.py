@@ -23,30 +23,10 @@ patch_interpreter()
 
 @triton.jit
 def _lightning_prefill_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    o_ptr,
-    cu_ptr,
-    slopes_ptr,
-    state_ptr,
-    slot_ptr,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_ot,
-    stride_oh,
-    stride_ss,
-    stride_sh,
-    stride_sk,
-    DK: tl.constexpr,
-    DV: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    CHUNK: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, slopes_ptr, state_ptr, slot_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_ss, stride_sh, stride_sk,
+    DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, CHUNK: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -75,33 +55,19 @@ def _lightning_prefill_kernel(
         n = tl.minimum(seq_end - c0, CHUNK)
         rows = c0 + offs_c
         mask_c = offs_c < n
-        q = tl.load(
-            q_ptr + rows[:, None] * stride_qt + h * stride_qh + offs_k[None, :],
-            mask=mask_c[:, None] & mask_k[None, :],
-            other=0.0,
-        )
-        k = tl.load(
-            k_ptr + rows[:, None] * stride_kt + h * stride_kh + offs_k[None, :],
-            mask=mask_c[:, None] & mask_k[None, :],
-            other=0.0,
-        )
-        v = tl.load(
-            v_ptr + rows[:, None] * stride_vt + h * stride_vh + offs_v[None, :],
-            mask=mask_c[:, None] & mask_v[None, :],
-            other=0.0,
-        )
+        q = tl.load(q_ptr + rows[:, None] * stride_qt + h * stride_qh + offs_k[None, :],
+                    mask=mask_c[:, None] & mask_k[None, :], other=0.0)
+        k = tl.load(k_ptr + rows[:, None] * stride_kt + h * stride_kh + offs_k[None, :],
+                    mask=mask_c[:, None] & mask_k[None, :], other=0.0)
+        v = tl.load(v_ptr + rows[:, None] * stride_vt + h * stride_vh + offs_v[None, :],
+                    mask=mask_c[:, None] & mask_v[None, :], other=0.0)
         scores = tl.dot(q, tl.trans(k)) * diag
         o = tl.dot(scores.to(v.dtype), v)
         o += tl.dot((q * q_decay[:, None]).to(q.dtype), state.to(q.dtype))
-        tl.store(
-            o_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_v[None, :],
-            o.to(o_ptr.dtype.element_ty),
-            mask=mask_c[:, None] & mask_v[None, :],
-        )
+        tl.store(o_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_v[None, :],
+                 o.to(o_ptr.dtype.element_ty), mask=mask_c[:, None] & mask_v[None, :])
         k_decay = tl.where(mask_c, tl.exp(-slope * tl.maximum(n.to(tl.float32) - 1.0 - pos, 0.0)), 0.0)
-        state = state * tl.exp(-slope * n.to(tl.float32)) + tl.dot(
-            tl.trans((k * k_decay[:, None]).to(k.dtype)), v
-        )
+        state = state * tl.exp(-slope * n.to(tl.float32)) + tl.dot(tl.trans((k * k_decay[:, None]).to(k.dtype)), v)
     tl.store(state_ptr + state_off, state, mask=state_mask)
 
 
@@ -122,9 +88,7 @@ def lightning_prefill_triton(
     check_triton_device(q, k, v, cu_seqlens, slopes, state_pool, slot_ids)
     num_heads, dk, dv = check_qkv_state(q, k, v, slopes, state_pool, "T")
     assert q.dtype == k.dtype == v.dtype, "q, k, v must share one dtype"
-    assert cu_seqlens.dtype == torch.int32 and slot_ids.dtype == torch.int32, (
-        "cu_seqlens, slot_ids must be int32"
-    )
+    assert cu_seqlens.dtype == torch.int32 and slot_ids.dtype == torch.int32, "cu_seqlens, slot_ids must be int32"
     batch = slot_ids.shape[0]
     assert cu_seqlens.shape == (batch + 1,), f"cu_seqlens must be [B+1] = [{batch + 1}]"
     assert chunk >= 16 and block_v >= 16, "tl.dot needs tiles of at least 16"
@@ -137,31 +101,10 @@ def lightning_prefill_triton(
     if q.element_size() == 4 and q.is_cuda:
         chunk = min(chunk, 32)
     _lightning_prefill_kernel[(batch, num_heads, triton.cdiv(dv, block_v))](
-        q,
-        k,
-        v,
-        out,
-        cu_seqlens,
-        slopes,
-        state_pool,
-        slot_ids,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        out.stride(0),
-        out.stride(1),
-        state_pool.stride(0),
-        state_pool.stride(1),
-        state_pool.stride(2),
-        DK=dk,
-        DV=dv,
-        BLOCK_K=max(16, triton.next_power_of_2(dk)),
-        BLOCK_V=block_v,
-        CHUNK=chunk,
-        num_warps=num_warps,
-        **stages,
+        q, k, v, out, cu_seqlens, slopes, state_pool, slot_ids,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+        state_pool.stride(0), state_pool.stride(1), state_pool.stride(2),
+        DK=dk, DV=dv, BLOCK_K=max(16, triton.next_power_of_2(dk)), BLOCK_V=block_v, CHUNK=chunk,
+        num_warps=num_warps, **stages,
     )
     return out

@@ -38,36 +38,13 @@ patch_interpreter()
 
 @triton.jit
 def _mla_conversion_decode_kernel(
-    q_ptr,
-    cache_ptr,
-    up_k_ptr,
-    k_bias_ptr,
-    inv_freq_ptr,
-    block_tables_ptr,
-    context_lens_ptr,
-    out_ptr,
-    part_o_ptr,
-    part_lse_ptr,
-    stride_qb,
-    stride_qh,
-    stride_bt,
-    stride_ob,
-    stride_oh,
-    stride_wb,
-    stride_wh,
-    stride_ws,
-    stride_lb,
-    stride_lh,
+    q_ptr, cache_ptr, up_k_ptr, k_bias_ptr, inv_freq_ptr, block_tables_ptr, context_lens_ptr,
+    out_ptr, part_o_ptr, part_lse_ptr,
+    stride_qb, stride_qh, stride_bt, stride_ob, stride_oh,
+    stride_wb, stride_wh, stride_ws, stride_lb, stride_lh,
     qk_scale_log2,
-    GROUP: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    HALF: tl.constexpr,
-    RANK: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    PAGE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HALF: tl.constexpr, RANK: tl.constexpr, BLOCK_R: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
     b = tl.program_id(0)
     g = tl.program_id(1)
@@ -107,9 +84,7 @@ def _mla_conversion_decode_kernel(
         mask_n = offs_n < end
         block = tl.load(block_tables_ptr + b * stride_bt + offs_n // PAGE, mask=mask_n, other=0)
         row = (block.to(tl.int64) * PAGE + offs_n % PAGE) * RANK
-        c = tl.load(
-            cache_ptr + row[:, None] + offs_r[None, :], mask=mask_n[:, None] & mask_r[None, :], other=0.0
-        )
+        c = tl.load(cache_ptr + row[:, None] + offs_r[None, :], mask=mask_n[:, None] & mask_r[None, :], other=0.0)
         k1 = tl.dot(c, tl.trans(w1))  # [BLOCK_N, HALF] fp32
         k2 = tl.dot(c, tl.trans(w2))
         if HAS_BIAS:
@@ -127,28 +102,8 @@ def _mla_conversion_decode_kernel(
         s = tl.dot(q1, tl.trans(kr1)) + tl.dot(q2, tl.trans(kr2))  # [BLOCK_G, BLOCK_N]
         m_i, l_i, acc = online_softmax_step(s, mask_n, qk_scale_log2, c, m_i, l_i, acc)
 
-    store_output(
-        out_ptr,
-        part_o_ptr,
-        part_lse_ptr,
-        b,
-        heads,
-        split,
-        offs_r,
-        mask_g,
-        mask_r,
-        acc,
-        l_i,
-        m_i,
-        stride_ob,
-        stride_oh,
-        stride_wb,
-        stride_wh,
-        stride_ws,
-        stride_lb,
-        stride_lh,
-        NUM_SPLITS,
-    )
+    store_output(out_ptr, part_o_ptr, part_lse_ptr, b, heads, split, offs_r, mask_g, mask_r, acc, l_i, m_i,
+                 stride_ob, stride_oh, stride_wb, stride_wh, stride_ws, stride_lb, stride_lh, NUM_SPLITS)
 
 
 def mla_conversion_decode_triton(
@@ -182,9 +137,7 @@ def mla_conversion_decode_triton(
     assert kv_cache.dim() == 3 and kv_cache.is_contiguous(), "cache must be contiguous [blocks, page, r]"
     assert q.dtype == kv_cache.dtype == up_k.dtype, "q, cache and up_k must share one dtype"
     assert inv_freq.shape == (half,) and inv_freq.dtype == torch.float32
-    assert (
-        block_tables.dtype == torch.int32 and block_tables.shape[0] == batch and block_tables.stride(1) == 1
-    )
+    assert block_tables.dtype == torch.int32 and block_tables.shape[0] == batch and block_tables.stride(1) == 1
     assert context_lens.dtype == torch.int32 and context_lens.shape == (batch,)
     group = num_heads // num_kv_heads
     if num_splits is None:
@@ -195,37 +148,14 @@ def mla_conversion_decode_triton(
     part_o, part_lse = split_scratch(out, num_splits)
     bias = k_bias if k_bias is not None else up_k  # any pointer: HAS_BIAS=False never reads it
     _mla_conversion_decode_kernel[(batch, num_kv_heads, num_splits)](
-        q,
-        kv_cache,
-        up_k,
-        bias,
-        inv_freq,
-        block_tables,
-        context_lens,
-        out,
-        part_o,
-        part_lse,
-        q.stride(0),
-        q.stride(1),
-        block_tables.stride(0),
-        out.stride(0),
-        out.stride(1),
-        part_o.stride(0),
-        part_o.stride(1),
-        part_o.stride(2) if num_splits > 1 else 0,
-        part_lse.stride(0),
-        part_lse.stride(1),
+        q, kv_cache, up_k, bias, inv_freq, block_tables, context_lens, out, part_o, part_lse,
+        q.stride(0), q.stride(1), block_tables.stride(0), out.stride(0), out.stride(1),
+        part_o.stride(0), part_o.stride(1), part_o.stride(2) if num_splits > 1 else 0,
+        part_lse.stride(0), part_lse.stride(1),
         scale * LOG2E,
-        GROUP=group,
-        BLOCK_G=max(16, triton.next_power_of_2(group)),
-        HALF=half,
-        RANK=rank,
-        BLOCK_R=max(16, triton.next_power_of_2(rank)),
-        PAGE=kv_cache.shape[1],
-        BLOCK_N=block_n,
-        NUM_SPLITS=num_splits,
-        HAS_BIAS=k_bias is not None,
-        num_warps=num_warps or (8 if rank >= 256 else 4),
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HALF=half, RANK=rank,
+        BLOCK_R=max(16, triton.next_power_of_2(rank)), PAGE=kv_cache.shape[1], BLOCK_N=block_n,
+        NUM_SPLITS=num_splits, HAS_BIAS=k_bias is not None, num_warps=num_warps or (8 if rank >= 256 else 4),
         **({} if num_stages is None else {"num_stages": num_stages}),
     )
     if num_splits > 1:

@@ -28,38 +28,13 @@ patch_interpreter()
 
 @triton.jit
 def _mla_decode_kernel(
-    q_lat_ptr,
-    q_pe_ptr,
-    cache_ptr,
-    block_tables_ptr,
-    context_lens_ptr,
-    out_ptr,
-    part_o_ptr,
-    part_lse_ptr,
-    stride_qb,
-    stride_qh,
-    stride_pb,
-    stride_ph,
-    stride_bt,
-    stride_ob,
-    stride_oh,
-    stride_wb,
-    stride_wh,
-    stride_ws,
-    stride_lb,
-    stride_lh,
+    q_lat_ptr, q_pe_ptr, cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, part_o_ptr, part_lse_ptr,
+    stride_qb, stride_qh, stride_pb, stride_ph, stride_bt, stride_ob, stride_oh,
+    stride_wb, stride_wh, stride_ws, stride_lb, stride_lh,
     qk_scale_log2,
-    NUM_HEADS: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    RANK: tl.constexpr,
-    BLOCK_L: tl.constexpr,
-    ROPE: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    PAGE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    PE_GROUP: tl.constexpr,
-    GROUP_SIZE: tl.constexpr,
+    NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, RANK: tl.constexpr, BLOCK_L: tl.constexpr,
+    ROPE: tl.constexpr, BLOCK_R: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, PE_GROUP: tl.constexpr, GROUP_SIZE: tl.constexpr,
 ):
     b = tl.program_id(0)
     hb = tl.program_id(1)
@@ -75,24 +50,15 @@ def _mla_decode_kernel(
     offs_r = tl.arange(0, BLOCK_R)
     mask_l = offs_l < RANK
     mask_r = offs_r < ROPE
-    q_lat = tl.load(
-        q_lat_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_l[None, :],
-        mask=mask_h[:, None] & mask_l[None, :],
-        other=0.0,
-    )
+    q_lat = tl.load(q_lat_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_l[None, :],
+                    mask=mask_h[:, None] & mask_l[None, :], other=0.0)
     if PE_GROUP == 0:  # DeepSeek: one rope key shared by every head, q_pe [B, H, ROPE]
-        q_pe = tl.load(
-            q_pe_ptr + b * stride_pb + heads[:, None] * stride_ph + offs_r[None, :],
-            mask=mask_h[:, None] & mask_r[None, :],
-            other=0.0,
-        )
+        q_pe = tl.load(q_pe_ptr + b * stride_pb + heads[:, None] * stride_ph + offs_r[None, :],
+                       mask=mask_h[:, None] & mask_r[None, :], other=0.0)
     else:  # the partial-RoPE conversion: q_pe [B, H, PE_GROUP], head h reads its KV head's PE_GROUP columns
         own = (offs_r[None, :] // PE_GROUP) == (heads // GROUP_SIZE)[:, None]  # of the [Hkv x PE_GROUP] row
-        q_pe = tl.load(
-            q_pe_ptr + b * stride_pb + heads[:, None] * stride_ph + (offs_r % PE_GROUP)[None, :],
-            mask=mask_h[:, None] & mask_r[None, :] & own,
-            other=0.0,
-        )
+        q_pe = tl.load(q_pe_ptr + b * stride_pb + heads[:, None] * stride_ph + (offs_r % PE_GROUP)[None, :],
+                       mask=mask_h[:, None] & mask_r[None, :] & own, other=0.0)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -102,39 +68,14 @@ def _mla_decode_kernel(
         mask_n = offs_n < end
         block = tl.load(block_tables_ptr + b * stride_bt + offs_n // PAGE, mask=mask_n, other=0)
         row = (block.to(tl.int64) * PAGE + offs_n % PAGE) * (RANK + ROPE)
-        c = tl.load(
-            cache_ptr + row[:, None] + offs_l[None, :], mask=mask_n[:, None] & mask_l[None, :], other=0.0
-        )
-        pe = tl.load(
-            cache_ptr + row[:, None] + RANK + offs_r[None, :],
-            mask=mask_n[:, None] & mask_r[None, :],
-            other=0.0,
-        )
+        c = tl.load(cache_ptr + row[:, None] + offs_l[None, :], mask=mask_n[:, None] & mask_l[None, :], other=0.0)
+        pe = tl.load(cache_ptr + row[:, None] + RANK + offs_r[None, :],
+                     mask=mask_n[:, None] & mask_r[None, :], other=0.0)
         s = tl.dot(q_lat, tl.trans(c)) + tl.dot(q_pe, tl.trans(pe))
         m_i, l_i, acc = online_softmax_step(s, mask_n, qk_scale_log2, c, m_i, l_i, acc)
 
-    store_output(
-        out_ptr,
-        part_o_ptr,
-        part_lse_ptr,
-        b,
-        heads,
-        split,
-        offs_l,
-        mask_h,
-        mask_l,
-        acc,
-        l_i,
-        m_i,
-        stride_ob,
-        stride_oh,
-        stride_wb,
-        stride_wh,
-        stride_ws,
-        stride_lb,
-        stride_lh,
-        NUM_SPLITS,
-    )
+    store_output(out_ptr, part_o_ptr, part_lse_ptr, b, heads, split, offs_l, mask_h, mask_l, acc, l_i, m_i,
+                 stride_ob, stride_oh, stride_wb, stride_wh, stride_ws, stride_lb, stride_lh, NUM_SPLITS)
 
 
 def mla_num_splits(num_programs: int, device: torch.device, block_h: int = 16) -> int:
@@ -187,9 +128,7 @@ def mla_decode_triton(
     )
     assert q_latent.dtype == q_pe.dtype == kv_cache.dtype, "q_latent, q_pe and cache must share one dtype"
     assert q_latent.stride(-1) == 1 and q_pe.stride(-1) == 1, "last dims must be contiguous"
-    assert (
-        block_tables.dtype == torch.int32 and block_tables.shape[0] == batch and block_tables.stride(1) == 1
-    )
+    assert block_tables.dtype == torch.int32 and block_tables.shape[0] == batch and block_tables.stride(1) == 1
     assert context_lens.dtype == torch.int32 and context_lens.shape == (batch,)
     block_h = block_h or mla_block_h(num_heads, rank)
     assert block_h >= 16 and block_n >= 16, "tl.dot needs tiles of at least 16"
@@ -202,40 +141,16 @@ def mla_decode_triton(
     stages = {} if num_stages is None else {"num_stages": num_stages}
     part_o, part_lse = split_scratch(out, num_splits)
     _mla_decode_kernel[(batch, head_blocks, num_splits)](
-        q_latent,
-        q_pe,
-        kv_cache,
-        block_tables,
-        context_lens,
-        out,
-        part_o,
-        part_lse,
-        q_latent.stride(0),
-        q_latent.stride(1),
-        q_pe.stride(0),
-        q_pe.stride(1),
-        block_tables.stride(0),
-        out.stride(0),
-        out.stride(1),
-        part_o.stride(0),
-        part_o.stride(1),
-        part_o.stride(2) if num_splits > 1 else 0,
-        part_lse.stride(0),
-        part_lse.stride(1),
+        q_latent, q_pe, kv_cache, block_tables, context_lens, out, part_o, part_lse,
+        q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1), block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        part_o.stride(0), part_o.stride(1), part_o.stride(2) if num_splits > 1 else 0,
+        part_lse.stride(0), part_lse.stride(1),
         scale * LOG2E,
-        NUM_HEADS=num_heads,
-        BLOCK_H=block_h,
-        RANK=rank,
-        BLOCK_L=triton.next_power_of_2(rank),
-        ROPE=rope,
-        BLOCK_R=max(16, triton.next_power_of_2(rope)),
-        PAGE=kv_cache.shape[1],
-        BLOCK_N=block_n,
-        NUM_SPLITS=num_splits,
-        PE_GROUP=pe_group,
-        GROUP_SIZE=group_size,
-        num_warps=num_warps or (8 if rank >= 256 and block_h == 16 else 4),
-        **stages,
+        NUM_HEADS=num_heads, BLOCK_H=block_h, RANK=rank, BLOCK_L=triton.next_power_of_2(rank),
+        ROPE=rope, BLOCK_R=max(16, triton.next_power_of_2(rope)), PAGE=kv_cache.shape[1], BLOCK_N=block_n,
+        NUM_SPLITS=num_splits, PE_GROUP=pe_group, GROUP_SIZE=group_size,
+        num_warps=num_warps or (8 if rank >= 256 and block_h == 16 else 4), **stages,
     )
     if num_splits > 1:
         split_reduce(part_o, part_lse, out)

@@ -8,9 +8,7 @@ from kvpilot.engine.kernels.dispatch import backend_for
 from kvpilot.engine.kernels.mla_decode.reference import mla_decode_reference
 
 
-def store_latent(
-    c_kv: torch.Tensor, k_pe: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
+def store_latent(c_kv: torch.Tensor, k_pe: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Write [c_kv ; k_pe] rows [N, L + R] into the latent cache at slot_mapping (-1 skips)."""
     if backend_for(c_kv) == "triton":
         from kvpilot.engine.kernels.mla_decode.store import store_latent_triton
@@ -35,6 +33,4 @@ def mla_decode(
         from kvpilot.engine.kernels.mla_decode.kernel import mla_decode_triton
 
         return mla_decode_triton(q_latent, q_pe, kv_cache, block_tables, context_lens, scale)
-    return mla_decode_reference(q_latent, q_pe, kv_cache, block_tables, context_lens, scale).to(
-        q_latent.dtype
-    )
+    return mla_decode_reference(q_latent, q_pe, kv_cache, block_tables, context_lens, scale).to(q_latent.dtype)

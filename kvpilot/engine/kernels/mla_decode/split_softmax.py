@@ -36,18 +36,12 @@ def store_output(out_ptr, part_o_ptr, part_lse_ptr, b, heads, split, offs_l, mas
     out = acc / tl.maximum(l_i, 1e-30)[:, None]
     mask_out = mask_h[:, None] & mask_l[None, :]
     if NUM_SPLITS == 1:
-        tl.store(
-            out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_l[None, :],
-            out.to(out_ptr.dtype.element_ty),
-            mask=mask_out,
-        )
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_l[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=mask_out)
     else:
         lse = tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), float("-inf"))
-        tl.store(
-            part_o_ptr + b * stride_wb + heads[:, None] * stride_wh + split * stride_ws + offs_l[None, :],
-            out,
-            mask=mask_out,
-        )
+        tl.store(part_o_ptr + b * stride_wb + heads[:, None] * stride_wh + split * stride_ws + offs_l[None, :],
+                 out, mask=mask_out)
         tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=mask_h)
 
 

@@ -14,16 +14,8 @@ patch_interpreter()
 
 @triton.jit
 def _store_latent_kernel(
-    c_ptr,
-    pe_ptr,
-    cache_ptr,
-    slot_ptr,
-    stride_c,
-    stride_pe,
-    RANK: tl.constexpr,
-    ROPE: tl.constexpr,
-    BLOCK_L: tl.constexpr,
-    BLOCK_R: tl.constexpr,
+    c_ptr, pe_ptr, cache_ptr, slot_ptr, stride_c, stride_pe,
+    RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token).to(tl.int64)
@@ -38,18 +30,14 @@ def _store_latent_kernel(
     tl.store(row + RANK + offs_r, pe.to(cache_ptr.dtype.element_ty), mask=offs_r < ROPE)
 
 
-def store_latent_reference(
-    c_kv: torch.Tensor, k_pe: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
+def store_latent_reference(c_kv: torch.Tensor, k_pe: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Torch reference of `store_latent_triton`."""
     keep = slot_mapping >= 0
     rows = cache.view(-1, cache.shape[-1])
     rows[slot_mapping[keep].long()] = torch.cat([c_kv[keep], k_pe[keep]], dim=-1).to(cache.dtype)
 
 
-def store_latent_triton(
-    c_kv: torch.Tensor, k_pe: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
+def store_latent_triton(c_kv: torch.Tensor, k_pe: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """c_kv [N, L] (after kv_a_layernorm), k_pe [N, R] (after RoPE; R may be 0: rows of c_kv alone, the
     MLA conversion's latent) into cache [blocks, page, L + R]."""
     check_triton_device(c_kv, k_pe, cache, slot_mapping)
@@ -59,20 +47,10 @@ def store_latent_triton(
         f"cache must be contiguous [blocks, page, {rank + rope}], got {tuple(cache.shape)}"
     )
     assert c_kv.stride(1) == 1 and k_pe.stride(1) == 1, "last dims must be contiguous"
-    assert slot_mapping.dtype == torch.int32 and slot_mapping.shape == (c_kv.shape[0],), (
-        "slot_mapping int32 [N]"
-    )
+    assert slot_mapping.dtype == torch.int32 and slot_mapping.shape == (c_kv.shape[0],), "slot_mapping int32 [N]"
     if c_kv.shape[0] == 0:
         return
     _store_latent_kernel[(c_kv.shape[0],)](
-        c_kv,
-        k_pe,
-        cache,
-        slot_mapping,
-        c_kv.stride(0),
-        k_pe.stride(0),
-        RANK=rank,
-        ROPE=rope,
-        BLOCK_L=triton.next_power_of_2(rank),
-        BLOCK_R=max(1, triton.next_power_of_2(rope)),
+        c_kv, k_pe, cache, slot_mapping, c_kv.stride(0), k_pe.stride(0),
+        RANK=rank, ROPE=rope, BLOCK_L=triton.next_power_of_2(rank), BLOCK_R=max(1, triton.next_power_of_2(rope)),
     )

@@ -47,9 +47,7 @@ def num_sms(device: torch.device) -> int:
     return _cuda_num_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def decode_config(
-    batch: int, num_kv_heads: int, head_dim: int, max_context: int, device: torch.device
-) -> DecodeConfig:
+def decode_config(batch: int, num_kv_heads: int, head_dim: int, max_context: int, device: torch.device) -> DecodeConfig:
     """The default launch for these sizes; `max_context` is an upper bound (block table width x block size)."""
     return DecodeConfig(
         num_splits=choose_num_splits(batch, num_kv_heads, max_context, num_sms(device)),

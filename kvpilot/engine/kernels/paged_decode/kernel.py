@@ -72,30 +72,10 @@ def _paged_decode_kernel(
     for start in range(split_start, split_end, BLOCK_N):
         tokens = start + tl.arange(0, BLOCK_N)
         token_mask = tokens < split_end
-        k = _gather_kv_tile(
-            k_cache_ptr,
-            block_table,
-            tokens,
-            token_mask,
-            kv_head,
-            offs_d,
-            stride_cache_block,
-            stride_cache_token,
-            stride_cache_head,
-            BLOCK_SIZE,
-        ).to(DOT_DTYPE)
-        v = _gather_kv_tile(
-            v_cache_ptr,
-            block_table,
-            tokens,
-            token_mask,
-            kv_head,
-            offs_d,
-            stride_cache_block,
-            stride_cache_token,
-            stride_cache_head,
-            BLOCK_SIZE,
-        ).to(DOT_DTYPE)
+        k = _gather_kv_tile(k_cache_ptr, block_table, tokens, token_mask, kv_head, offs_d,
+                            stride_cache_block, stride_cache_token, stride_cache_head, BLOCK_SIZE).to(DOT_DTYPE)
+        v = _gather_kv_tile(v_cache_ptr, block_table, tokens, token_mask, kv_head, offs_d,
+                            stride_cache_block, stride_cache_token, stride_cache_head, BLOCK_SIZE).to(DOT_DTYPE)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
         s = tl.where(token_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -108,16 +88,12 @@ def _paged_decode_kernel(
     acc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     if NUM_SPLITS == 1:
         o_rows = seq.to(tl.int64) * stride_o_seq + head * stride_o_head
-        tl.store(
-            o_ptr + o_rows[:, None] + offs_d[None, :], acc.to(o_ptr.dtype.element_ty), mask=row_mask[:, None]
-        )
+        tl.store(o_ptr + o_rows[:, None] + offs_d[None, :], acc.to(o_ptr.dtype.element_ty), mask=row_mask[:, None])
     else:
         lse = tl.where(l_i > 0, m_i + tl.math.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
         partial_rows = (seq.to(tl.int64) * NUM_HEADS + head) * NUM_SPLITS + split
         tl.store(partial_lse_ptr + partial_rows, lse, mask=row_mask)
-        tl.store(
-            partial_o_ptr + partial_rows[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_mask[:, None]
-        )
+        tl.store(partial_o_ptr + partial_rows[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_mask[:, None])
 
 
 @triton.jit
@@ -142,11 +118,7 @@ def _paged_decode_reduce_kernel(
     lse_max = tl.max(lse, axis=0)
     lse_max = tl.where(lse_max > float("-inf"), lse_max, 0.0)  # context length 0 (padding): every split empty
     weights = tl.math.exp2(lse - lse_max)
-    partial = tl.load(
-        partial_o_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=split_mask[:, None], other=0.0
-    )
-    out = tl.sum(partial * weights[:, None], axis=0) / tl.maximum(
-        tl.sum(weights, axis=0), 1e-30
-    )  # 0 when empty
+    partial = tl.load(partial_o_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=split_mask[:, None], other=0.0)
+    out = tl.sum(partial * weights[:, None], axis=0) / tl.maximum(tl.sum(weights, axis=0), 1e-30)  # 0 when empty
     o_rows = seq.to(tl.int64) * stride_o_seq + head * stride_o_head
     tl.store(o_ptr + o_rows + offs_d, out.to(o_ptr.dtype.element_ty))

@@ -40,60 +40,30 @@ def paged_attention_decode_triton(
     if config is None:
         config = decode_config(batch, num_kv_heads, head_dim, block_tables.shape[1] * block_size, q.device)
     assert config.num_splits >= 1, f"num_splits {config.num_splits}: want >= 1"
-    assert config.block_n >= 16 and config.block_n & (config.block_n - 1) == 0, (
-        f"block_n {config.block_n}: want a power of two >= 16"
-    )
+    assert config.block_n >= 16 and config.block_n & (config.block_n - 1) == 0, f"block_n {config.block_n}: want a power of two >= 16"
     out = torch.empty_like(q)
     if batch == 0:
         return out
     num_splits = config.num_splits
     partial_o = partial_lse = out
     if num_splits > 1:
-        partial_o = torch.empty(
-            (batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
-        )
+        partial_o = torch.empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
         partial_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
     operand_dtype = dot_dtype(q.dtype)
     _paged_decode_kernel[(batch, num_kv_heads, num_splits)](
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        context_lens,
-        out,
-        partial_o,
-        partial_lse,
+        q, k_cache, v_cache, block_tables, context_lens, out, partial_o, partial_lse,
         scale * LOG2E,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        block_tables.stride(0),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        NUM_HEADS=num_heads,
-        GROUP=group,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)),
-        HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size,
-        BLOCK_N=config.block_n,
-        NUM_SPLITS=num_splits,
-        DOT_DTYPE=operand_dtype,
-        DOT_PRECISION=dot_precision(operand_dtype),
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        NUM_HEADS=num_heads, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=config.block_n, NUM_SPLITS=num_splits,
+        DOT_DTYPE=operand_dtype, DOT_PRECISION=dot_precision(operand_dtype),
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if num_splits > 1:
         _paged_decode_reduce_kernel[(batch, num_heads)](
-            partial_o,
-            partial_lse,
-            out,
-            out.stride(0),
-            out.stride(1),
-            NUM_HEADS=num_heads,
-            HEAD_DIM=head_dim,
-            NUM_SPLITS=num_splits,
+            partial_o, partial_lse, out, out.stride(0), out.stride(1),
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
             SPLITS_PAD=triton.next_power_of_2(num_splits),
         )
     return out

@@ -73,30 +73,10 @@ def _paged_prefill_kernel(
     for start in range(0, kv_end, BLOCK_N):
         tokens = start + tl.arange(0, BLOCK_N)
         token_mask = tokens < kv_end
-        k = _gather_kv_tile(
-            k_cache_ptr,
-            block_table,
-            tokens,
-            token_mask,
-            kv_head,
-            offs_d,
-            stride_cache_block,
-            stride_cache_token,
-            stride_cache_head,
-            BLOCK_SIZE,
-        ).to(DOT_DTYPE)
-        v = _gather_kv_tile(
-            v_cache_ptr,
-            block_table,
-            tokens,
-            token_mask,
-            kv_head,
-            offs_d,
-            stride_cache_block,
-            stride_cache_token,
-            stride_cache_head,
-            BLOCK_SIZE,
-        ).to(DOT_DTYPE)
+        k = _gather_kv_tile(k_cache_ptr, block_table, tokens, token_mask, kv_head, offs_d,
+                            stride_cache_block, stride_cache_token, stride_cache_head, BLOCK_SIZE).to(DOT_DTYPE)
+        v = _gather_kv_tile(v_cache_ptr, block_table, tokens, token_mask, kv_head, offs_d,
+                            stride_cache_block, stride_cache_token, stride_cache_head, BLOCK_SIZE).to(DOT_DTYPE)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
         visible = (tokens[None, :] <= q_pos[:, None]) & token_mask[None, :]
         s = tl.where(visible, s, float("-inf"))
@@ -109,6 +89,4 @@ def _paged_prefill_kernel(
 
     acc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_rows = (q_start + q_idx).to(tl.int64) * stride_o_token + head * stride_o_head
-    tl.store(
-        o_ptr + o_rows[:, None] + offs_d[None, :], acc.to(o_ptr.dtype.element_ty), mask=row_mask[:, None]
-    )
+    tl.store(o_ptr + o_rows[:, None] + offs_d[None, :], acc.to(o_ptr.dtype.element_ty), mask=row_mask[:, None])

@@ -49,38 +49,17 @@ def paged_attention_prefill_triton(
     operand_dtype = dot_dtype(q.dtype)
     if max_seqlen_q is None:
         max_seqlen_q = num_tokens
-    assert 0 <= max_seqlen_q <= num_tokens, (
-        f"max_seqlen_q {max_seqlen_q}: want 0..{num_tokens} (the longest chunk)"
-    )
+    assert 0 <= max_seqlen_q <= num_tokens, f"max_seqlen_q {max_seqlen_q}: want 0..{num_tokens} (the longest chunk)"
     if max_seqlen_q == 0:
         return out
     grid = (triton.cdiv(max_seqlen_q, block_q), batch, num_kv_heads)
     _paged_prefill_kernel[grid](
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        cu_seqlens_q,
-        context_lens,
-        out,
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out,
         scale * LOG2E,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        block_tables.stride(0),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        GROUP=group,
-        GROUP_PAD=group_pad,
-        HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size,
-        BLOCK_Q=block_q,
-        BLOCK_N=block_n,
-        DOT_DTYPE=operand_dtype,
-        DOT_PRECISION=dot_precision(operand_dtype),
-        num_warps=4,
-        num_stages=2,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        BLOCK_Q=block_q, BLOCK_N=block_n, DOT_DTYPE=operand_dtype, DOT_PRECISION=dot_precision(operand_dtype),
+        num_warps=4, num_stages=2,
     )
     return out

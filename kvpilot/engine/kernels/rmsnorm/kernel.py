@@ -15,7 +15,7 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, eps, N, stride_x, s
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         # round the sum to the activation dtype before the statistics, as the torch reference does
-        x = x.to(tl.float32) + tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
+        x = (x.to(tl.float32) + tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32))
         x = x.to(sum_ptr.dtype.element_ty)
         tl.store(sum_ptr + row * stride_s + cols, x, mask=mask)
     h = x.to(tl.float32)

@@ -15,9 +15,7 @@ def rmsnorm_triton(
     """x [T, N] (+ residual [T, N]) -> (weight * norm(sum), sum); rows contiguous, one dtype."""
     tensors = (x, weight) if residual is None else (x, weight, residual)
     check_triton_device(*tensors)
-    assert x.dim() == 2 and weight.shape == (x.shape[1],), (
-        f"x {tuple(x.shape)} / weight {tuple(weight.shape)}"
-    )
+    assert x.dim() == 2 and weight.shape == (x.shape[1],), f"x {tuple(x.shape)} / weight {tuple(weight.shape)}"
     assert x.stride(1) == 1 and weight.is_contiguous(), "rows of x and the weight must be contiguous"
     assert weight.dtype == x.dtype, f"weight {weight.dtype} != x {x.dtype}"
     if residual is not None:

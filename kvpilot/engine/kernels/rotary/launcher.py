@@ -14,17 +14,11 @@ def rotary_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, H, D], k [T, Hkv, D] (last dim contiguous; D/2 a power of two) -> rotated copies."""
     check_triton_device(positions, inv_freq, q, k)
-    assert q.dim() == 3 and k.dim() == 3 and q.shape[0] == k.shape[0] == positions.shape[0], (
-        "q/k [T, H, D], positions [T]"
-    )
+    assert q.dim() == 3 and k.dim() == 3 and q.shape[0] == k.shape[0] == positions.shape[0], "q/k [T, H, D], positions [T]"
     head_dim = q.shape[2]
     half = head_dim // 2
-    assert k.shape[2] == head_dim and inv_freq.shape == (half,), (
-        f"inv_freq {tuple(inv_freq.shape)} != [{half}]"
-    )
-    assert half & (half - 1) == 0 and q.stride(2) == 1 and k.stride(2) == 1, (
-        "D/2 a power of two, last dim contiguous"
-    )
+    assert k.shape[2] == head_dim and inv_freq.shape == (half,), f"inv_freq {tuple(inv_freq.shape)} != [{half}]"
+    assert half & (half - 1) == 0 and q.stride(2) == 1 and k.stride(2) == 1, "D/2 a power of two, last dim contiguous"
     assert inv_freq.is_contiguous() and positions.is_contiguous()
     outs = []
     for x in (q, k):
