@@ -13,6 +13,8 @@ median time per call (CUDA events, 50 calls after 5 warm-ups) and the bytes the 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 
@@ -22,7 +24,14 @@ from kvpilot.engine.kernels.mla_conversion.kernel import (
 )
 from kvpilot.engine.kernels.mla_decode.kernel import _mla_decode_kernel, mla_decode_triton
 
+sys.path.insert(0, str(Path(__file__).parent))
+from sweep_latent_decode import median_us
+
 HBM_BYTES_PER_S = 4.8e12
+
+
+def median_ms(fn) -> float:
+    return median_us(fn, calls=50) / 1e3
 
 
 def compiled_variants(kernel) -> list[tuple[str, int, int]]:
@@ -38,20 +47,6 @@ def compiled_variants(kernel) -> list[tuple[str, int, int]]:
                 if hasattr(compiled, "n_regs"):
                     rows.append((compiled.name, compiled.n_regs, compiled.n_spills))
     return rows
-
-
-def median_ms(fn, calls: int = 50) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(calls):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def main() -> None:
