@@ -6,7 +6,7 @@ Llama-3-8B attention shapes (32 query heads, 8 KV heads of 128) converted at lat
 - `mla_conversion` (RoPE on every dim: keys decompressed and rotated in the program, values absorbed);
 - `mla_decode` with a 16-dim RoPE part per KV head (the absorbed partial-RoPE conversion: rows of r + Hkv x 16).
 Prints each compiled variant's registers per thread and spilled bytes (Triton's CompiledKernel), the
-median time per call (CUDA events, 50 calls after 5 warm-ups) and the bytes the call must read at least
+median time per call (CUDA events, 50 calls after 3 warm-ups) and the bytes the call must read at least
 (the latent cache), as a fraction of the H200's 4.8 TB/s.
 """
 
