@@ -7,17 +7,18 @@ Random bf16 checkpoints with a few layers (dense MLPs: the MoE is plain torch an
   several latent ranks (KV bytes per token, decode tokens/s; the conversion decompresses the context's
   keys every step (V is absorbed), so it is expected to be slower: its gain is memory); and the
   partial-RoPE conversion (`mla_rope_dims`, `--rope-dims`, default 16) whose decode is absorbed on both
-  sides through the mla_decode kernel (strategies/mla/absorbed.py). The conversion with RoPE on every
-  dim decodes eagerly (it plans each step on the host, worker/cuda_graphs.py); the partial-RoPE one
-  replays CUDA graphs since session 8, as exact attention does; exact attention is also timed with
-  `enforce_eager` ("exact eager") to separate the graphs' share from the attention's.
+  sides through the mla_decode kernel (strategies/mla/absorbed.py). On CUDA both conversions replay
+  CUDA graphs as exact attention does (the one with RoPE on every dim through its fused kernel,
+  kernels/mla_conversion); exact attention is also timed with `enforce_eager` ("exact eager") to
+  separate the graphs' share from the attention's (its mean carries the Triton compiles of its first
+  decode round: bench/eager_step_outliers.py).
 
 Decode tokens/s: B sequences are prefilled (every one has its first token), then the decode steps alone are
 timed (synchronised per step) until each has N more tokens; the median step time is printed too.
 
     python bench/bench_mla_engine.py --device cuda --layers 4 --batch 64 --prompt 2048 --new 64
-    python bench/bench_mla_engine.py --device cuda --layers 4 --batch 64 --prompt 8192 --new 64 --ranks 256 \
-        --rope-dims 16,32 --skip-deepseek       # long context: exact vs absorbed partial RoPE
+    python bench/bench_mla_engine.py --device cuda --layers 4 --batch 32 --prompt 8192 --new 64 --ranks 256 \
+        --rope-dims 16 --skip-deepseek          # long context: exact vs absorbed partial RoPE (session 9: 1.23x)
     python bench/bench_mla_engine.py --device cpu --tiny          # smoke test of the script itself
 """
 
