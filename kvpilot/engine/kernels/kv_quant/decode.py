@@ -39,6 +39,7 @@ from kvpilot.engine.kernels.kv_quant.layout import (
 from kvpilot.engine.kernels.kv_quant.qk_policy import INT8_QK_MIN_HEAD_DIM, int8_scores
 from kvpilot.engine.kernels.kv_quant.reference import FP8_DTYPE
 from kvpilot.engine.kernels.kv_quant.split_reduce import pow2_splits, split_reduce
+from kvpilot.engine.kernels.specialization import step_kernel
 
 QUANT_NONE, QUANT_INT8, QUANT_FP8 = 0, 1, 2
 LOG2E = 1.4426950408889634
@@ -188,7 +189,7 @@ def _table_tile(table, n0, end, offs_t, PAGE: tl.constexpr):
     return tl.load(table + offs_n // PAGE, mask=offs_n < end, other=0).to(tl.int64)
 
 
-@triton.jit
+@step_kernel
 def _paged_decode_quant_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, part_o_ptr, part_lse_ptr,

@@ -17,11 +17,12 @@ from kvpilot.engine.kernels.dispatch import backend_for, check_triton_device
 from kvpilot.engine.kernels.interpreter_compat import patch_interpreter
 from kvpilot.engine.kernels.kv_quant.layout import check_cache_layout, check_scale_layout
 from kvpilot.engine.kernels.kv_quant.reference import dequantize_blocks_reference, mode_of
+from kvpilot.engine.kernels.specialization import step_kernel
 
 patch_interpreter()
 
 
-@triton.jit
+@step_kernel
 def _dequantize_blocks_kernel(
     cache_ptr, scale_ptr, block_ids_ptr, out_ptr,
     stride_cb, stride_ct, stride_ch, stride_cd, stride_sb, stride_st, stride_sh,

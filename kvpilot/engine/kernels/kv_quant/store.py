@@ -10,6 +10,7 @@ from kvpilot.engine.kernels.dispatch import check_triton_device
 from kvpilot.engine.kernels.interpreter_compat import patch_interpreter
 from kvpilot.engine.kernels.kv_quant.layout import check_cache_layout, check_scale_layout
 from kvpilot.engine.kernels.kv_quant.reference import FP8_MAX, INT8_MAX, INV_INT8_MAX, mode_of
+from kvpilot.engine.kernels.specialization import step_kernel
 
 patch_interpreter()
 
@@ -63,7 +64,7 @@ def _quantize_row(x, scale_ptr, scale_off, head, IS_INT8: tl.constexpr, OUT_DTYP
     return y.to(OUT_DTYPE)
 
 
-@triton.jit
+@step_kernel
 def _store_kvcache_quant_kernel(
     key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, slot_ptr,
     stride_kn, stride_kh, stride_vn, stride_vh,

@@ -13,11 +13,12 @@ import triton.language as tl
 from kvpilot.engine.kernels.dispatch import check_triton_device
 from kvpilot.engine.kernels.interpreter_compat import patch_interpreter
 from kvpilot.engine.kernels.lightning_attn.checks import check_qkv_state
+from kvpilot.engine.kernels.specialization import step_kernel
 
 patch_interpreter()
 
 
-@triton.jit
+@step_kernel
 def _lightning_decode_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, slopes_ptr, state_ptr, slot_ptr,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ob, stride_oh,

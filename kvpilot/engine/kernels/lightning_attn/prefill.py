@@ -17,11 +17,12 @@ import triton.language as tl
 from kvpilot.engine.kernels.dispatch import check_triton_device
 from kvpilot.engine.kernels.interpreter_compat import patch_interpreter
 from kvpilot.engine.kernels.lightning_attn.checks import check_qkv_state
+from kvpilot.engine.kernels.specialization import step_kernel
 
 patch_interpreter()
 
 
-@triton.jit
+@step_kernel
 def _lightning_prefill_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, slopes_ptr, state_ptr, slot_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,

@@ -30,13 +30,14 @@ from kvpilot.engine.kernels.mla_decode.split_softmax import (
     split_scratch,
     store_output,
 )
+from kvpilot.engine.kernels.specialization import step_kernel
 
 LOG2E = 1.4426950408889634
 
 patch_interpreter()
 
 
-@triton.jit
+@step_kernel
 def _mla_conversion_decode_kernel(
     q_ptr, cache_ptr, up_k_ptr, k_bias_ptr, inv_freq_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, part_o_ptr, part_lse_ptr,

@@ -20,13 +20,14 @@ from kvpilot.engine.kernels.mla_decode.split_softmax import (
     split_scratch,
     store_output,
 )
+from kvpilot.engine.kernels.specialization import step_kernel
 
 LOG2E = 1.4426950408889634
 
 patch_interpreter()
 
 
-@triton.jit
+@step_kernel
 def _mla_decode_kernel(
     q_lat_ptr, q_pe_ptr, cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, part_o_ptr, part_lse_ptr,
     stride_qb, stride_qh, stride_pb, stride_ph, stride_bt, stride_ob, stride_oh,

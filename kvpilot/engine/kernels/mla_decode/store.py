@@ -8,11 +8,12 @@ import triton.language as tl
 
 from kvpilot.engine.kernels.dispatch import check_triton_device
 from kvpilot.engine.kernels.interpreter_compat import patch_interpreter
+from kvpilot.engine.kernels.specialization import step_kernel
 
 patch_interpreter()
 
 
-@triton.jit
+@step_kernel
 def _store_latent_kernel(
     c_ptr, pe_ptr, cache_ptr, slot_ptr, stride_c, stride_pe,
     RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr,

@@ -15,13 +15,14 @@ import triton.language as tl
 
 from kvpilot.engine.kernels.interpreter_compat import patch_interpreter
 from kvpilot.engine.kernels.paged_gather import _gather_kv_tile
+from kvpilot.engine.kernels.specialization import step_kernel
 
 LOG2E = 1.4426950408889634
 
 patch_interpreter()
 
 
-@triton.jit
+@step_kernel
 def _paged_decode_kernel(
     q_ptr,
     k_cache_ptr,

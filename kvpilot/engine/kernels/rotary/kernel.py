@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import triton
 import triton.language as tl
 
+from kvpilot.engine.kernels.specialization import step_kernel
 
-@triton.jit
+
+@step_kernel
 def _rotary_kernel(pos_ptr, inv_freq_ptr, x_ptr, out_ptr, H, stride_xt, stride_xh, stride_ot, stride_oh,
                    HALF: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
     t = tl.program_id(0)

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import triton
 import triton.language as tl
 
 from kvpilot.engine.kernels.interpreter_compat import patch_interpreter
+from kvpilot.engine.kernels.specialization import step_kernel
 
 patch_interpreter()
 
 
-@triton.jit
+@step_kernel
 def _store_kvcache_kernel(
     key_ptr,
     value_ptr,

@@ -1,0 +1,56 @@
+"""Kernels fed per-step metadata compile once: their Triton specialisation key does not move with it.
+
+Triton compiles a variant per specialisation key (tests/helpers/specialization.py). Before session 9
+the key moved with the number of tokens stored (1 when one sequence decodes alone) and with the 16-byte
+alignment of index tensors that are slices of persistent buffers, so an eager engine on the H200
+compiled 32 variants during its first decode round (a 457 ms step). `kernels/specialization.step_kernel`
+keeps those arguments out of the key; these tests run the kernels in the interpreter and record keys.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvpilot.engine.kernels.store_kvcache.launcher import store_kvcache_triton
+from kvpilot.engine.sampling_params import SamplingParams
+from tests.helpers.models import build_hf_checkpoint
+from tests.helpers.specialization import recording
+from tests.kernels.paged_cases import DEVICE, make_paged_case
+from tests.parity.helpers import make_engine
+
+pytestmark = pytest.mark.kernels
+
+
+def test_store_compiles_once_for_any_token_count_and_slot_offset() -> None:
+    case = make_paged_case([64], 2, 64, 16, torch.float32)
+    slots = torch.arange(64, dtype=torch.int32, device=DEVICE)
+    rows = torch.randn(64, 2, 64, device=DEVICE)
+    with recording() as recorder:
+        for start, count in [(0, 16), (1, 1), (3, 7), (0, 1), (5, 32)]:  # aligned, not, 1, divisible by 16
+            store_kvcache_triton(rows[:count], rows[:count], case.k_cache, case.v_cache, slots[start:start + count])
+    assert len(recorder.seen["_store_kvcache_kernel"]) == 1, recorder.new
+
+
+def run_round(eng, prompts: list[list[int]], new: int, tag: str) -> None:  # type: ignore[no-untyped-def]
+    params = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        eng.add_request(f"{tag}-{i}", p, params)
+    while eng.has_unfinished_requests():
+        eng.step()
+
+
+def test_engine_compiles_nothing_after_its_first_workload(tmp_path, monkeypatch) -> None:
+    """A first workload compiles the variants; a second one of other sizes (batch, prompt lengths, so
+    other slice offsets, token counts and a sequence decoding alone) compiles none."""
+    monkeypatch.setenv("KVPILOT_KERNELS", "triton")
+    path = build_hf_checkpoint(tmp_path / "llama", "llama", seed=1)
+    eng = make_engine(path, device="cpu", dtype="float32", max_num_seqs=4, max_num_batched_tokens=64,
+                      enable_prefix_caching=False, validation_sample_rate=0.0)  # fmt: skip
+    with recording() as recorder:
+        run_round(eng, [[3 + (i * 5 + j) % 200 for j in range(18 + 3 * i)] for i in range(3)], 6, "first")
+        first = recorder.take_new()
+        run_round(eng, [[7 + (i * 11 + j) % 200 for j in range(9 + 5 * i)] for i in range(4)], 9, "second")
+        second = recorder.take_new()
+    assert {name for name, _ in first} >= {"_store_kvcache_kernel", "_paged_decode_kernel", "_rotary_kernel"}
+    assert second == [], f"the second workload compiled new variants: {second}"
