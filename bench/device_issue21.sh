@@ -12,6 +12,7 @@
 #   tuned: the engine bench at 32 x 8k and 64 x 2k, the kernels' default launches, then the gpu tier
 #            in what is left of the call's 600 s
 #   rest: which eager decode steps are slow (and what compiled in them); the gpu tier's last files
+#   next:    (session 10) rest, then R = 16 and R = 64 partial RoPE vs exact attention at 32 x 8k
 #   profile: the torch profile of a converted decode step beside exact attention
 #   tier:    the whole gpu tier (tests/gpu and tests/kernels), junit in $OUT/tier.xml
 set -u
@@ -81,6 +82,13 @@ rest)
         --new 32 2>&1 | tee "$out/outliers.log" | grep -E "round|Error"
     wait
     grep -E " PASSED| FAILED| ERROR| SKIPPED" "$out/rest_tests.log" | sed 's/ *\[.*//' | tail -20; tail -2 "$out/rest_tests.log"
+    ;;
+next)
+    # session 10: the compile count after the specialisation fix, then partial RoPE on half of each head
+    # (R = 64 of 128: +5.5% on the trained model at R = d/2) against exact attention at 8k
+    REST_S=110 bash "$0" rest
+    timeout 200 python3 bench/bench_mla_engine.py --device cuda --layers 4 --batch 32 --prompt 8192 --new 64 \
+        --ranks 256 --rope-dims 16,64 --skip-deepseek 2>&1 | tee "$out/mla_engine_rope64.log" | grep -E "tok/s|Error" | tail -6
     ;;
 profile)
     timeout 150 python3 bench/profile_mla_absorbed.py --rows 24 > "$out/profile.log" 2>&1
