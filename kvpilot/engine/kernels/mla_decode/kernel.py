@@ -85,6 +85,17 @@ def mla_num_splits(num_programs: int, device: torch.device, block_h: int = 16) -
     return num_splits_for(num_programs, device, per_sm=max(1, 4 * 16 // block_h))
 
 
+def mla_num_stages(tile_bytes: int, device: torch.device) -> int | None:
+    """Pipeline stages for a [BLOCK_N, L + R] cache tile of `tile_bytes`: Triton's default (3) where three
+    tiles fit in the device's shared memory (every measured configuration: DeepSeek's 512 + 64 rows take
+    221 of the H200's 227 KiB), else as many as fit. Wide partial-RoPE rows (r = 256 with R = 64 per
+    KV head: 96 KiB a tile) would otherwise not compile. None (Triton's default) off CUDA."""
+    if device.type != "cuda":
+        return None
+    budget = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+    return 3 if 3 * tile_bytes <= budget else max(1, budget // tile_bytes)
+
+
 def mla_block_h(num_heads: int, rank: int) -> int:
     """Query heads per program: 32 when there are that many and the latent is at most 256 wide (each tile
     read once for all of them: 1.2-1.4x faster than 16 on the H200 for the partial-RoPE conversion of
@@ -139,6 +150,9 @@ def mla_decode_triton(
     out = torch.empty_like(q_latent)
     if batch == 0:
         return out
+    if num_stages is None:
+        num_stages = mla_num_stages(block_n * (triton.next_power_of_2(rank) + max(16, triton.next_power_of_2(rope)))
+                                    * kv_cache.element_size(), kv_cache.device)  # fmt: skip
     stages = {} if num_stages is None else {"num_stages": num_stages}
     part_o, part_lse = split_scratch(out, num_splits)
     _mla_decode_kernel[(batch, head_blocks, num_splits)](
