@@ -150,9 +150,9 @@ def mla_decode_triton(
     out = torch.empty_like(q_latent)
     if batch == 0:
         return out
+    block_l, block_r = triton.next_power_of_2(rank), max(16, triton.next_power_of_2(rope))
     if num_stages is None:
-        num_stages = mla_num_stages(block_n * (triton.next_power_of_2(rank) + max(16, triton.next_power_of_2(rope)))
-                                    * kv_cache.element_size(), kv_cache.device)  # fmt: skip
+        num_stages = mla_num_stages(block_n * (block_l + block_r) * kv_cache.element_size(), kv_cache.device)
     stages = {} if num_stages is None else {"num_stages": num_stages}
     part_o, part_lse = split_scratch(out, num_splits)
     _mla_decode_kernel[(batch, head_blocks, num_splits)](
@@ -162,8 +162,8 @@ def mla_decode_triton(
         part_o.stride(0), part_o.stride(1), part_o.stride(2) if num_splits > 1 else 0,
         part_lse.stride(0), part_lse.stride(1),
         scale * LOG2E,
-        NUM_HEADS=num_heads, BLOCK_H=block_h, RANK=rank, BLOCK_L=triton.next_power_of_2(rank),
-        ROPE=rope, BLOCK_R=max(16, triton.next_power_of_2(rope)), PAGE=kv_cache.shape[1], BLOCK_N=block_n,
+        NUM_HEADS=num_heads, BLOCK_H=block_h, RANK=rank, BLOCK_L=block_l,
+        ROPE=rope, BLOCK_R=block_r, PAGE=kv_cache.shape[1], BLOCK_N=block_n,
         NUM_SPLITS=num_splits, PE_GROUP=pe_group, GROUP_SIZE=group_size,
         num_warps=num_warps or (8 if rank >= 256 and block_h == 16 else 4), **stages,
     )
