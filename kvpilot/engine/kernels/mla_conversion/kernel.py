@@ -3,8 +3,8 @@
 Program (sequence, KV head, split): the G query heads of one KV head (padded to BLOCK_G rows for
 tl.dot) walk the sequence's context in tiles of BLOCK_N cached latent rows c [BLOCK_N, r]. Per tile:
 k1 = c W1^T + b1, k2 = c W2^T + b2 (W1, W2: the KV head's first and second half of W_UK's rows, held
-for the whole walk), rotate-half RoPE at positions n, scores q1.kr1 + q2.kr2, online softmax, and acc += p c (the value side stays in
-latent space). Split-K over the context as kernels/mla_decode does, reduced by kv_quant/split_reduce.
+for the whole walk), rotate-half RoPE at positions n, scores q1.kr1 + q2.kr2, online softmax, and
+acc += p c (the value side stays in latent space). Split-K over the context as kernels/mla_decode does, reduced by kv_quant/split_reduce.
 A step costs 2 r D multiply-adds per cached token and KV head (the decompression) and reads r numbers
 per token and layer: compute-bound where exact attention is bandwidth-bound.
 
