@@ -71,6 +71,10 @@ COMPONENTS: tuple[Component, ...] = (
     # Not a control-plane component: crane assembles the container images without a daemon (`make images`).
     Component("crane", "crane", "github.com/google/go-containerregistry",
               {"crane": "github.com/google/go-containerregistry/cmd/crane"}, ("version",)),
+    # Not a control-plane component: an S3-compatible server (posix backend) the storage initializer's
+    # s3:// tests fetch from (tests/harness/s3_server.py).
+    Component("versitygw", "versitygw", "github.com/versity/versitygw",
+              {"versitygw": "github.com/versity/versitygw/cmd/versitygw"}),
 )
 
 
@@ -138,6 +142,8 @@ def build_command(component: Component, out_dir: Path, tools_dir: Path = TOOLS_D
         ldflags.append(f"-X helm.sh/helm/v4/internal/version.version={version}")
     elif component.name == "crane":
         ldflags.append(f"-X github.com/google/go-containerregistry/cmd/crane/cmd.Version={version}")
+    elif component.name == "versitygw":
+        ldflags.append(f"-X main.Version={version}")
     packages = list(component.binaries.values())
     output = f"{out_dir}/" if len(packages) > 1 else str(out_dir / next(iter(component.binaries)))
     return ["nice", "-n", "10", "go", "build", "-trimpath", "-ldflags", " ".join(ldflags), "-o", output, *packages]
