@@ -1,9 +1,12 @@
 """`kvpilot digest DIR`: one SHA256 that pins a whole checkpoint (what `serve --model-sha256` checks).
 
 The digest is the sha256 of a sha256sum-style manifest: one line `"<sha256 of file>  <file name>\n"`
-per *.safetensors file of the directory, sorted by name. `sha256sum *.safetensors | sha256sum`
-prints the same value in a shell whose locale sorts like Python (LC_ALL=C). Torch-free, so the
-operator can import it.
+per served file of the directory, sorted by name. Served files are the top-level, non-hidden files
+whose suffix is one the engine reads: the weights (*.safetensors) and what shapes its output beside
+them (config.json, generation_config.json, the tokenizer's files, the chat template: *.json, *.jinja,
+*.model, *.txt, *.tiktoken). So a swapped tokenizer or chat template is refused as a swapped weight
+is. `sha256sum <those files> | sha256sum` prints the same value in a shell whose locale sorts like
+Python (LC_ALL=C). Torch-free, so the operator and the storage initializer import it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ import sys
 from pathlib import Path
 
 WEIGHT_GLOB = "*.safetensors"
+# Suffixes of the files a digest covers (and the storage initializer fetches): weights, config,
+# generation config, tokenizer (json, sentencepiece .model, BPE vocab/merges .txt, .tiktoken), chat template.
+SERVED_SUFFIXES = (".safetensors", ".json", ".jinja", ".model", ".txt", ".tiktoken")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -37,9 +43,21 @@ def weight_files(model_dir: Path) -> list[Path]:
     return files
 
 
+def is_served_file(name: str) -> bool:
+    """A file name the digest covers: not hidden, with one of SERVED_SUFFIXES."""
+    return not name.startswith(".") and name.endswith(SERVED_SUFFIXES)
+
+
+def digested_files(model_dir: Path) -> list[Path]:
+    """The weights and the served files beside them, sorted by name (bytes, as LC_ALL=C sorts)."""
+    weight_files(model_dir)  # a directory without weights is refused, whatever else it holds
+    files = (p for p in Path(model_dir).iterdir() if is_served_file(p.name) and p.is_file())
+    return sorted(files, key=lambda p: p.name.encode())
+
+
 def manifest(model_dir: Path) -> str:
     """The sha256sum-style manifest the digest is taken over."""
-    return "".join(f"{file_sha256(p)}  {p.name}\n" for p in weight_files(model_dir))
+    return "".join(f"{file_sha256(p)}  {p.name}\n" for p in digested_files(model_dir))
 
 
 def manifest_digest(text: str) -> str:
@@ -68,7 +86,8 @@ def verify_checkpoint(model_dir: Path, expected: str) -> str:
     if got != want:
         raise DigestMismatch(
             f"the checkpoint in {model_dir} does not match --model-sha256: expected {want}, its "
-            f"{len(weight_files(model_dir))} {WEIGHT_GLOB} file(s) digest to {got}; refusing to serve it. "
+            f"{len(digested_files(model_dir))} file(s) (weights, config, tokenizer, chat template) digest to "
+            f"{got}; refusing to serve it. "
             f"Check the model path, or print the digest of the checkpoint you trust with "
             f"`kvpilot digest {model_dir}`"
         )
@@ -83,7 +102,8 @@ def _digest_arg(value: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", type=Path, help="HF-format model directory (its *.safetensors files)")
+    parser.add_argument("model", type=Path,
+                        help="HF-format model directory (its weights, config, tokenizer and chat template)")
     parser.add_argument("--manifest", action="store_true", help="also print the per-file manifest")
 
 

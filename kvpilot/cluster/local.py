@@ -298,6 +298,14 @@ class LocalCluster:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-cluster-ip-range={SERVICE_CIDR}", "--authorization-mode=RBAC",
             "--allow-privileged=true", "--profiling=false", "--v=1",
+            # The aggregation layer, for extension API servers such as a metrics adapter (HPAs):
+            # requests are proxied with the front-proxy certificate, straight to the Service's
+            # endpoints (no kube-proxy here to reach a cluster IP).
+            f"--requestheader-client-ca-file={keys.ca_cert}", f"--requestheader-allowed-names={pki.FRONT_PROXY_CN}",
+            "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={keys.front_proxy_cert}", f"--proxy-client-key-file={keys.front_proxy_key}",
+            "--enable-aggregator-routing=true",
         ]
 
     def _component_args(self, name: str, keys: pki.Pki) -> list[str]:

@@ -1,8 +1,8 @@
 """Certificates and keys for a loopback-only control plane, made with the openssl CLI.
 
 One CA signs the apiserver's serving certificate (valid for 127.0.0.1, localhost and the
-in-cluster service names) and an admin client certificate in `system:masters`; a separate RSA
-key pair signs service-account tokens. Nothing here is meant to leave the machine.
+in-cluster service names), an admin client certificate in `system:masters` and the aggregation
+layer's front-proxy client certificate; a separate RSA key pair signs service-account tokens. Nothing here is meant to leave the machine.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ SERVING_NAMES = ("localhost", "kubernetes", "kubernetes.default", "kubernetes.de
                  "kubernetes.default.svc.cluster.local")
 SERVING_IPS = ("127.0.0.1", "10.0.0.1")  # loopback and the first address of the service range
 DAYS = "30"
+FRONT_PROXY_CN = "front-proxy-client"
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,10 @@ class Pki:
     serving_key = property(lambda self: self.dir / "apiserver.key")
     admin_cert = property(lambda self: self.dir / "admin.crt")
     admin_key = property(lambda self: self.dir / "admin.key")
+    # The aggregation layer's client certificate: the API server proxies to extension API servers
+    # (e.g. a metrics adapter) with it, and they trust the user it names (requestheader auth).
+    front_proxy_cert = property(lambda self: self.dir / "front-proxy-client.crt")
+    front_proxy_key = property(lambda self: self.dir / "front-proxy-client.key")
     sa_key = property(lambda self: self.dir / "sa.key")
     sa_pub = property(lambda self: self.dir / "sa.pub")
 
@@ -65,6 +70,9 @@ def generate(directory: Path) -> Pki:
             "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
             f"extendedKeyUsage=serverAuth\nsubjectAltName={alt_names}\n")
     _signed(pki, "admin", "/O=system:masters/CN=kvpilot-admin",
+            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+            "extendedKeyUsage=clientAuth\n")
+    _signed(pki, "front-proxy-client", f"/CN={FRONT_PROXY_CN}",
             "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
             "extendedKeyUsage=clientAuth\n")
     _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", "sa.key", cwd=directory)

@@ -2,7 +2,8 @@
 
 Targets come from file_sd files under `<state dir>/prometheus/`: `pods.json`, written by the pod
 runner (every running pod's metrics port, labelled namespace/service/track/pod as a PodMonitor
-would), and `operator.json`, written by whoever starts an operator (`write_targets`).
+would), `operator.json`, written by whoever starts an operator (`write_targets`), and `gateway.json`,
+written by the gateway stand-in (its per-backend request counts, kvpilot/cluster/gateway/metrics.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 PROMETHEUS = os.environ.get("KVPILOT_PROMETHEUS", "/usr/bin/prometheus")
-JOBS = {"kvpilot-pods": "pods.json", "kvpilot-operator": "operator.json"}
+JOBS = {"kvpilot-pods": "pods.json", "kvpilot-operator": "operator.json", "kvpilot-gateway": "gateway.json"}
 
 
 def prometheus_missing() -> str | None:

@@ -265,26 +265,23 @@ class FleetDemo:
         self.patch_spec({"canary": canary, "rollback": False})
         self.console.print(f"  spec.canary.strategy = {strategy}; steps {list(p.steps)}, interval {p.interval}")
         return self.watch(lambda st: st.get("phase") in DONE and st.get("specHash") not in (None, before),
-                          p.phase_timeout_s)
+                          p.phase_timeout_s, live.VerdictFeed(before))
 
     def _spec_hash(self) -> str | None:
         return ((self.isvc().get("status") or {}).get("canary") or {}).get("specHash")
 
-    def watch(self, until: Callable[[dict[str, Any]], Any], timeout_s: float) -> str:
-        """Show the rollout live until `until(status.canary)`; print every new verdict as a line."""
-        seen = 0
+    def watch(self, until: Callable[[dict[str, Any]], Any], timeout_s: float, feed: live.VerdictFeed) -> str:
+        """Show the rollout live until `until(status.canary)`; print each of this canary's verdicts once."""
         deadline = time.monotonic() + timeout_s
         stage = STAGES[self.stage_no - 1]
         with Live(console=self.console, refresh_per_second=2, transient=True) as view:
             while True:
                 body = self.isvc()
                 canary = (body.get("status") or {}).get("canary") or {}
-                analyses = canary.get("analyses") or []
-                for a in analyses[seen:]:
+                for a in feed.new(canary):
                     view.console.print(live.verdict_line(a))
-                seen = len(analyses)
                 view.update(live.rollout_view(stage, body, self.lineage(), summarise(self.load.outcomes)
-                                              if self.load else {}))
+                                              if self.load else {}, previous_spec=feed.previous_spec))
                 if until(canary):
                     break
                 if time.monotonic() > deadline:
@@ -309,8 +306,9 @@ class FleetDemo:
         before = self._spec_hash()
         self.patch_spec({"canary": canary, "rollback": False})
         self.console.print("  canary 3 (fp8 KV) at 50 %; when it serves, `spec.rollback: true` is set")
+        feed = live.VerdictFeed(before)
         self.watch(lambda st: st.get("specHash") not in (None, before) and st.get("weight", 0) >= 50,
-                   p.phase_timeout_s)
+                   p.phase_timeout_s, feed)
         assert self.load is not None
         strategy = _canary_strategy(self.isvc())
         if not strategy:
@@ -319,7 +317,7 @@ class FleetDemo:
                              "canary 3 serving", 120)
         flagged = time.time()
         self.patch_spec({"rollback": True})
-        outcome = self.watch(lambda st: st.get("phase") in DONE, p.phase_timeout_s)
+        outcome = self.watch(lambda st: st.get("phase") in DONE, p.phase_timeout_s, feed)  # same canary: no reprint
         self.console.print(f"  canary strategy {strategy!r}; X-Model-Strategy of each response tells the tracks apart")
         time.sleep(3)  # requests sent after the switch have come back
         sent_since = [o for o in self.load.outcomes if o.sent_s + self.load_started >= flagged]

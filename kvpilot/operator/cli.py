@@ -34,6 +34,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="static engine address of one track for the probe set (local runs, tests)")
     rollout.add_argument("--rollout-tick", type=float, default=10.0, metavar="SECONDS",
                          help="how often each rollout is looked at (default 10; steps last spec.canary.interval)")
+    rollout.add_argument("--gateway-metrics", default="", metavar="NAME",
+                         help="count the 5xx the Gateway answers for each track in the analysis, from this "
+                              "implementation's metrics: kvpilot-local (the local fleet's gateway), istio; "
+                              "default: none (the gatewayErrorRate check is off)")
+    rollout.add_argument("--gateway-requests-query", default="", metavar="PROMQL",
+                         help="instead of --gateway-metrics: requests the Gateway answered for a backend, a "
+                              "template with $namespace $service $backend $track $window (docs/rollout.md)")
+    rollout.add_argument("--gateway-errors-query", default="", metavar="PROMQL",
+                         help="... and the 5xx among them (same placeholders; give both queries)")
+    rollout.add_argument("--router", choices=("gateway-api", "inference-pool"), default="gateway-api",
+                         help="how traffic reaches the tracks: an HTTPRoute to each track's Service (gateway-api), "
+                              "or to an InferencePool per track (inference-pool, Gateway API Inference Extension v1)")
+    rollout.add_argument("--canary-gpu-check", choices=("require", "warn", "off"), default="require",
+                         help="before creating a canary, count free GPUs on matching nodes: require (wait until "
+                              "they are free), warn (report and create anyway, e.g. with a node autoscaler), off")
+    parser.add_argument("--gpu-product-label", default="nvidia.com/gpu.product", metavar="KEY",
+                        help="node label holding spec.resources.gpuProduct when the spec names none: "
+                             "nvidia.com/gpu.product (GPU feature discovery), cloud.google.com/gke-accelerator "
+                             "(GKE), karpenter.k8s.aws/instance-gpu-name (Karpenter)")
     parser.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
                         help="serve the operator's Prometheus metrics on this port (e.g. 9402; 0: off)")
     parser.add_argument("--verbose", action="store_true")
@@ -43,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     from kvpilot.operator import options
+    from kvpilot.operator.analysis.gateway import gateway_queries
 
     if not args.namespace and not args.all_namespaces:
         raise SystemExit("kvpilot operator: pass --namespace NS (repeatable) or --all-namespaces")
@@ -53,6 +73,11 @@ def run(args: argparse.Namespace) -> int:
             gateway_url=args.gateway_url.rstrip("/"),
             track_urls=dict(options.parse_track_url(t) for t in args.track_url),
             tick_s=args.rollout_tick,
+            router=args.router,
+            gpu_product_label=args.gpu_product_label,
+            canary_gpu_check=args.canary_gpu_check,
+            gateway_queries=gateway_queries(args.gateway_metrics, args.gateway_requests_query,
+                                            args.gateway_errors_query),
         )
     except ValueError as exc:
         raise SystemExit(f"kvpilot operator: {exc}") from None

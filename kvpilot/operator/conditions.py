@@ -9,7 +9,8 @@ from typing import Any
 READY, CAPACITY_PLANNED, PROGRESSING, DEGRADED, MONITORING = (
     "Ready", "CapacityPlanned", "Progressing", "Degraded", "Monitoring",
 )
-ORDER = (READY, CAPACITY_PLANNED, PROGRESSING, DEGRADED, MONITORING)
+PODS_BLOCKED = "PodsBlocked"  # a pod cannot run: the scheduler's or the kubelet's message (pod_blockers)
+ORDER = (READY, CAPACITY_PLANNED, PROGRESSING, DEGRADED, PODS_BLOCKED, MONITORING)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvpilot.operator.analysis.gateway import GatewayQueries
 from kvpilot.operator.spec import GatewayRef
 
 DEFAULT_HEADER = "X-Model-Strategy"
@@ -23,6 +24,9 @@ class Options:
     router: str = "gateway-api"
     provider: str = "prometheus"
     tick_s: float = 10.0  # how often each rollout is looked at (step intervals are spec.canary.interval)
+    gpu_product_label: str = "nvidia.com/gpu.product"  # node label of spec.resources.gpuProduct (--gpu-product-label)
+    canary_gpu_check: str = "require"  # require | warn | off: free GPUs before the canary (--canary-gpu-check)
+    gateway_queries: GatewayQueries | None = None  # the Gateway's per-backend 5xx (--gateway-metrics): None, off
 
 
 _current = Options()

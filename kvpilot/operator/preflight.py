@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvpilot.operator.conditions import CAPACITY_PLANNED, Condition
+from kvpilot.operator.pod_overrides import conflicts
 from kvpilot.operator.spec import MLA_ROPE_PAIRS, ServiceSpec
 from kvpilot.planner import CapacityPlan, ModelShape, PlannerError, gpu_spec, plan_capacity
 
@@ -49,6 +50,9 @@ def preflight(spec: ServiceSpec, model_config: Mapping[str, Any]) -> CapacityPla
     calibration, ...); returns an infeasible plan when it merely does not fit.
     """
     check_strategy(spec)
+    problems = conflicts(spec.pod)  # spec.pod against the operator's own labels, volumes and mounts
+    if problems:
+        raise StrategyRefused("; ".join(problems))
     return plan_capacity(
         ModelShape.from_hf_config(model_config),
         spec.strategy.planner_strategy(),

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.operator import constants as c
+from kvpilot.operator import options
+from kvpilot.operator.autoscaling.tracks import apply_track
 from kvpilot.operator.builders import (
     build_api_service,
     build_deployment,
@@ -17,7 +19,9 @@ from kvpilot.operator.builders import (
     build_podmonitor,
 )
 from kvpilot.operator.builders.engine_args import UnsupportedModelUri, model_path
+from kvpilot.operator.builders.pdb import build_pdb, pdb_name
 from kvpilot.operator.calibration import CalibrationUnavailable, check_calibration
+from kvpilot.operator.canary.route import ensure_steady_route
 from kvpilot.operator.conditions import CAPACITY_PLANNED, DEGRADED, MONITORING, Condition, get_condition
 from kvpilot.operator.kube import Kube, KubeError, object_path
 from kvpilot.operator.lineage_writer import apply_lineage
@@ -91,9 +95,17 @@ def reconcile(ctx: Context, body: Mapping[str, Any]) -> CapacityPlan:
 def _apply_children(ctx: Context, body: Mapping[str, Any], spec: ServiceSpec,
                     plan: CapacityPlan) -> tuple[dict[str, Any], Condition]:
     apply_lineage(ctx.kube, body, spec, plan)
-    deployment = ctx.kube.apply(build_deployment(body, spec, plan))
+    # spec.autoscaling on: an HPA sizes the track and the apply leaves spec.replicas to it (autoscaling/)
+    deployment = apply_track(ctx.kube, body, build_deployment(body, spec, plan), spec.autoscaling, "stable",
+                             max_concurrency=plan.max_concurrency)
+    if spec.disruption_budget.enabled:  # one PodDisruptionBudget per track (builders/pdb.py)
+        ctx.kube.apply(build_pdb(body, spec, "stable"))
+    else:
+        ctx.kube.delete(object_path("policy/v1", "PodDisruptionBudget", body["metadata"]["namespace"],
+                                    pdb_name(body["metadata"]["name"], "stable")))
     ctx.kube.apply(build_api_service(body))
     ctx.kube.apply(build_metrics_service(body))
+    ensure_steady_route(ctx, body, options.current())  # with a Gateway: reachable before any canary
     return deployment, _monitoring(ctx, body)
 
 
@@ -127,6 +139,7 @@ def _record_plan(ctx: Context, body: Mapping[str, Any], spec: ServiceSpec, plan:
         if deployment is not None:
             live_deployment = deployment()
             new = with_rollout(new, rollout_state(live_deployment), now=now)
+            new["selector"] = f"{c.LABEL_SERVICE}={meta['name']},{c.LABEL_TRACK}=stable"  # the scale subresource's
             new["stable"] = {**new["stable"], "deployment": live_deployment["metadata"]["name"],
                              "deploymentGeneration": live_deployment["metadata"].get("generation")}
         return new

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvpilot.operator.autoscaling.spec import AutoscalingSpec
+from kvpilot.operator.pod_overrides import ContainerResources, DisruptionBudget, PodOverrides
 from kvpilot.planner import KVStrategy
 
 
@@ -21,6 +23,8 @@ class ModelRef:
     config: Mapping[str, Any] | None = None  # inline config.json
     config_map: str = ""  # or: a ConfigMap holding it
     config_map_key: str = "config.json"
+    endpoint: str = ""  # s3:// server or hf:// mirror (kvpilot.storage)
+    credentials_secret: str = ""  # spec.model.credentialsSecretRef: the source's login
 
 
 DEFAULT_CALIBRATION_KEY = "calibration.txt"
@@ -115,6 +119,28 @@ class GatewayRef:
     namespace: str
 
 
+MODEL_HEADER = "X-Gateway-Model-Name"  # what the Gateway API Inference Extension's body-based router sets
+
+
+@dataclass(frozen=True)
+class RouteSpec:
+    """spec.route: how the HTTPRoute <name> picks this service's requests on a shared Gateway."""
+
+    gateway: GatewayRef | None = None  # default: spec.canary.gateway, then the operator's --gateway
+    hostnames: tuple[str, ...] = ()  # Gateway API hostnames (Host header; exact or *.wildcard)
+    model_header: str = ""  # match requests whose header equals the served model name (metadata.name)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any] | None, namespace: str = "") -> RouteSpec:
+        raw = raw or {}
+        gateway = raw.get("gateway") or None
+        return cls(
+            gateway=GatewayRef(str(gateway["name"]), str(gateway.get("namespace") or namespace)) if gateway else None,
+            hostnames=tuple(str(h) for h in raw.get("hostnames") or ()),
+            model_header=str(raw.get("modelHeader") or ""),
+        )
+
+
 DEFAULT_STEPS = (1, 5, 100)
 DEFAULT_INTERVAL_S = 300.0
 DEFAULT_HEADER = "X-Model-Strategy"
@@ -136,6 +162,7 @@ class CanarySpec:
     paused: bool = False
     analysis: Mapping[str, Any] = field(default_factory=dict)  # thresholds, read by the analysis package
     failure_limit: int = DEFAULT_FAILURE_LIMIT
+    replicas: int | None = None  # fixed canary size; None: derived from each step's weight (replicas.py)
     spec_hash: str = ""
     error: str = ""  # what is wrong with spec.canary (the rollout fails with it; stable is unaffected)
 
@@ -161,6 +188,7 @@ class CanarySpec:
             paused=bool(raw.get("paused", False)),
             analysis=analysis,
             failure_limit=int(analysis.get("failureLimit", DEFAULT_FAILURE_LIMIT)),
+            replicas=int(raw["replicas"]) if raw.get("replicas") is not None else None,
             spec_hash=canary_hash(raw),
             error=error,
         )
@@ -175,6 +203,9 @@ class CanarySpec:
         if self.model:
             if self.model.get("uri") and self.model.get("uri") != model.get("uri"):
                 new_model.pop("sha256", None)
+                if str(self.model["uri"]).partition("://")[0] != str(model.get("uri", "")).partition("://")[0]:
+                    new_model.pop("endpoint", None)  # another kind of source: the stable one's server and login
+                    new_model.pop("credentialsSecretRef", None)  # would be wrong for it
             if self.model.get("config") is not None:
                 new_model.pop("configMapRef", None)
             new_model.update(self.model)
@@ -189,9 +220,12 @@ def parse_duration(text: str) -> float:
     return sum(int(n) * _UNIT_S[u] for n, u in parts)
 
 
+UNHASHED_CANARY_FIELDS = ("paused", "replicas")  # pausing or resizing a canary is not a new canary
+
+
 def canary_hash(raw: Mapping[str, Any]) -> str:
-    """What identifies a rollout: spec.canary without `paused` (pausing is not a new canary)."""
-    ident = {k: v for k, v in raw.items() if k != "paused"}
+    """What identifies a rollout: spec.canary without `paused` and `replicas`."""
+    ident = {k: v for k, v in raw.items() if k not in UNHASHED_CANARY_FIELDS}
     return hashlib.sha256(json.dumps(ident, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
@@ -209,10 +243,16 @@ class ServiceSpec:
     strategy: StrategySpec = field(default_factory=StrategySpec)
     gpus: int = 1
     gpu_product: str = "NVIDIA-H200"
+    gpu_product_label: str = ""  # node label holding gpu_product; "": the operator's --gpu-product-label
+    container_resources: ContainerResources = field(default_factory=ContainerResources)
+    pod: PodOverrides = field(default_factory=PodOverrides)
+    disruption_budget: DisruptionBudget = field(default_factory=DisruptionBudget)
     replicas: int = 1
     engine: EngineSpec = field(default_factory=EngineSpec)
     rollback: bool = False
     canary: CanarySpec | None = None
+    autoscaling: AutoscalingSpec | None = None  # on: an HPA per track sizes the tracks, not `replicas`
+    route: RouteSpec = field(default_factory=RouteSpec)
     model_dict: Mapping[str, Any] = field(default_factory=dict, compare=False)  # spec.model as written
     strategy_dict: Mapping[str, Any] = field(default_factory=dict, compare=False)  # spec.strategy as written
 
@@ -228,11 +268,16 @@ class ServiceSpec:
             model=ModelRef(
                 uri=str(model.get("uri", "")), sha256=str(model.get("sha256", "")),
                 config=model.get("config"), config_map=str(ref.get("name", "")),
-                config_map_key=str(ref.get("key", "config.json")),
+                config_map_key=str(ref.get("key", "config.json")), endpoint=str(model.get("endpoint") or ""),
+                credentials_secret=str((model.get("credentialsSecretRef") or {}).get("name") or ""),
             ),
             strategy=StrategySpec(**{k: v for k, v in strategy.items() if k in StrategySpec.__dataclass_fields__}),
             gpus=int(resources.get("gpus", 1)),
             gpu_product=str(resources.get("gpuProduct", "NVIDIA-H200")),
+            gpu_product_label=str(resources.get("gpuProductLabel") or ""),
+            container_resources=ContainerResources.from_dict(resources),
+            pod=PodOverrides.from_dict(spec.get("pod")),
+            disruption_budget=DisruptionBudget.from_dict(spec.get("disruptionBudget")),
             replicas=int(spec.get("replicas", 1)),
             engine=EngineSpec(
                 image=str(engine.get("image", EngineSpec.image)),
@@ -245,6 +290,8 @@ class ServiceSpec:
             ),
             rollback=bool(spec.get("rollback", False)),
             canary=CanarySpec.from_dict(spec["canary"], namespace) if spec.get("canary") else None,
+            autoscaling=AutoscalingSpec.from_dict(spec.get("autoscaling")),
+            route=RouteSpec.from_dict(spec.get("route"), namespace),
             model_dict=dict(model),
             strategy_dict=dict(spec.get("strategy") or {}),
         )

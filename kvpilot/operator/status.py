@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from kvpilot.operator.conditions import CAPACITY_PLANNED, READY, Condition, get_condition, set_conditions
+from kvpilot.operator.pod_blockers import Blocker, blockers_condition
 from kvpilot.operator.preflight import capacity_condition, capacity_status
 from kvpilot.operator.rollout_state import INFEASIBLE, RolloutState
 from kvpilot.operator.spec import ServiceSpec
@@ -55,4 +57,15 @@ def with_failure(status: dict[str, Any], condition: Condition, *, phase: str, no
     """A spec that cannot be planned, a model config that cannot be read, a child the API refused."""
     out = with_conditions(status, [condition], now=now, generation=generation)
     out.update(phase=phase, observedGeneration=generation)
+    return out
+
+
+def with_blockers(status: dict[str, Any], blockers: Sequence[Blocker], *, now: str) -> dict[str, Any]:
+    """PodsBlocked and status.blockedPods (absent when nothing is blocked)."""
+    out = with_conditions(status, [blockers_condition(blockers)], now=now,
+                          generation=status.get("observedGeneration"))
+    if blockers:
+        out["blockedPods"] = [b.to_status() for b in blockers]
+    else:
+        out.pop("blockedPods", None)
     return out

@@ -41,6 +41,9 @@ _ALIASES = {
     "a100": "NVIDIA-A100-SXM4-80GB", "a100-80gb": "NVIDIA-A100-SXM4-80GB",
     "a100-40gb": "NVIDIA-A100-SXM4-40GB", "l40s": "NVIDIA-L40S", "a10g": "NVIDIA-A10G",
     "l4": "NVIDIA-L4", "rtx4090": "NVIDIA-GeForce-RTX-4090", "t4": "Tesla-T4",
+    # GKE's cloud.google.com/gke-accelerator values, less the "nvidia-" prefix
+    "h200-141gb": "NVIDIA-H200", "h100-mega-80gb": "NVIDIA-H100-80GB-HBM3", "tesla-a100": "NVIDIA-A100-SXM4-40GB",
+    "tesla-t4": "Tesla-T4",
 }
 
 GPU_PRODUCTS: dict[str, GpuSpec] = {g.product: g for g in _TABLE}

@@ -83,14 +83,29 @@ class ModelShape:
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any]) -> ModelShape:
-        """Llama, Qwen2, Mistral, DeepSeek-V2/V3 and MiniMax configs (a `config.json` as a dict)."""
-        cfg = dict(config.get("text_config") or config)
+        """Llama, Qwen2, Mistral, DeepSeek-V2/V3 and MiniMax configs (a `config.json` as a dict); a
+        PlannerError naming the field for one that is missing, not a positive integer, or not an object."""
+        if not isinstance(config, Mapping):
+            raise PlannerError(f"a model config must be a JSON object (an HF config.json), got a {type(config).__name__}")
+        text = config.get("text_config")
+        if text is not None and not isinstance(text, Mapping):
+            raise PlannerError(f"model config text_config must be an object, got a {type(text).__name__}")
+        cfg = dict(text or config)
+        try:
+            return cls._from(cfg)
+        except PlannerError:
+            raise
+        except (TypeError, ValueError, OverflowError) as exc:  # a nested field that is not a number
+            raise PlannerError(f"model config: a field is not a positive integer ({exc}); check config.json") from exc
+
+    @classmethod
+    def _from(cls, cfg: dict[str, Any]) -> ModelShape:
         model_type = str(cfg.get("model_type", "llama"))
         hidden = _required(cfg, "hidden_size")
         heads = _required(cfg, "num_attention_heads")
         layers = _required(cfg, "num_hidden_layers")
-        kv_heads = int(cfg.get("num_key_value_heads") or heads)
-        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        kv_heads = _optional(cfg, "num_key_value_heads", heads)
+        head_dim = _optional(cfg, "head_dim", max(1, hidden // heads))
         return cls(
             model_type=model_type,
             num_layers=layers,
@@ -98,7 +113,7 @@ class ModelShape:
             num_attention_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
-            intermediate_size=int(cfg.get("intermediate_size") or 4 * hidden),
+            intermediate_size=_optional(cfg, "intermediate_size", 4 * hidden),
             vocab_size=_required(cfg, "vocab_size"),
             dtype_bytes=weight_dtype_bytes(cfg.get("torch_dtype") or cfg.get("dtype")),
             weight_dtype_bytes=_quantised_weight_bytes(cfg),
@@ -114,6 +129,19 @@ def _required(cfg: Mapping[str, Any], key: str) -> int:
     if value is None:
         raise PlannerError(f"model config has no {key!r}; an HF config.json (Llama, Qwen2, Mistral, "
                            "DeepSeek-V2/V3, MiniMax) always names it")
+    return _positive(key, value)
+
+
+def _optional(cfg: Mapping[str, Any], key: str, default: int) -> int:
+    """`key` when the config gives it (a positive integer: 0 is refused, not read as 'absent'), else default."""
+    value = cfg.get(key)
+    return default if value is None else _positive(key, value)
+
+
+def _positive(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value in (
+        float("inf"), float("-inf")) or int(value) != value or value < 1:  # fmt: skip
+        raise PlannerError(f"model config {key} must be a positive integer, got {value!r}")
     return int(value)
 
 

@@ -97,7 +97,10 @@ def test_default_values_run_the_operator_cluster_wide_locked_down(helm_home, kub
     rules = rules_of(cluster_role)
     assert rules[("kvpilot.io", "inferenceservices")] == {"get", "list", "watch", "patch"}
     assert rules[("kopf.dev", "clusterkopfpeerings")] == {"get", "list", "watch", "patch"}
-    assert ("", "secrets") not in rules and ("", "nodes") not in rules and ("", "namespaces") not in rules
+    assert ("", "secrets") not in rules and ("", "namespaces") not in rules
+    assert rules[("", "nodes")] == {"list"}  # the canary's GPU preflight (canaryGpuCheck), nothing else on nodes
+    assert rules[("policy", "poddisruptionbudgets")] == {"get", "create", "patch", "delete"}
+    assert "--canary-gpu-check=require" in container["args"]
     assert not find(docs, "Role") and find(docs, "ClusterKopfPeering")
     # The arguments are ones `kvpilot operator` accepts.
     _parse_operator_args(container["args"])
@@ -147,7 +150,15 @@ def test_namespaced_mode_grants_roles_only_where_it_watches(helm_home, kubectl, 
         assert bindings == set(roles)
         (cluster_role,) = find(docs, "ClusterRole")
         assert rules_of(cluster_role) == {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
-                                          ("", "namespaces"): {"list", "watch"}}
+                                          ("", "namespaces"): {"list", "watch"},
+                                          # the canary's GPU preflight counts every namespace's pods on GPU nodes
+                                          ("", "nodes"): {"list"}, ("", "pods"): {"list"}}
+        off = render(helm_home, {"watchNamespaces": watched, "canaryGpuCheck": "off",
+                                 "gpuProductLabel": "cloud.google.com/gke-accelerator"}, release_ns)
+        (off_role,) = find(off, "ClusterRole")
+        assert ("", "nodes") not in rules_of(off_role) and ("", "pods") not in rules_of(off_role)
+        assert {"--canary-gpu-check=off", "--gpu-product-label=cloud.google.com/gke-accelerator"} <= set(
+            operator_container(off)["args"])
         assert {p["metadata"]["namespace"] for p in find(docs, "KopfPeering")} == set(watched)
         (monitor,) = find(docs, "PodMonitor")
         pod = find(docs, "Deployment")[0]["spec"]["template"]
@@ -311,6 +322,9 @@ def _allowed(kubectl: Kubectl, verb: str, group: str, resource: str, namespace: 
     ("create", "", "events"), ("create", "gateway.networking.k8s.io", "httproutes"),
     ("delete", "gateway.networking.k8s.io", "httproutes"), ("get", "gateway.networking.k8s.io", "gateways"),
     ("patch", "monitoring.coreos.com", "podmonitors"), ("patch", "kopf.dev", "kopfpeerings"),
+    ("watch", "", "pods"), ("list", "", "events"), ("patch", "policy", "poddisruptionbudgets"),
+    ("delete", "policy", "poddisruptionbudgets"), ("patch", "autoscaling", "horizontalpodautoscalers"),
+    ("delete", "autoscaling", "horizontalpodautoscalers"), ("patch", "inference.networking.k8s.io", "inferencepools"),
 ])
 def test_the_token_may_do_what_the_operator_does(installed, verb, group, resource) -> None:  # type: ignore[no-untyped-def]
     assert _allowed(installed["sa"], verb, group, resource, installed["watched"])
@@ -321,7 +335,11 @@ def test_the_token_reads_crds_cluster_wide_and_nothing_else(installed) -> None: 
     sa = installed["sa"]
     assert _allowed(sa, "watch", "apiextensions.k8s.io", "customresourcedefinitions", None)
     assert not _allowed(sa, "create", "apiextensions.k8s.io", "customresourcedefinitions", None)
-    assert not _allowed(sa, "list", "", "pods", None) and not _allowed(sa, "get", "", "secrets", installed["watched"])
+    assert not _allowed(sa, "get", "", "secrets", installed["watched"])
+    # the canary's GPU preflight (chart value canaryGpuCheck, not off): list nodes and pods, nothing more
+    assert _allowed(sa, "list", "", "nodes", None) and _allowed(sa, "list", "", "pods", None)
+    assert not _allowed(sa, "watch", "", "pods", None) and not _allowed(sa, "get", "", "nodes", None)
+    assert not _allowed(sa, "delete", "", "pods", None) and not _allowed(sa, "patch", "", "nodes", None)
 
 
 def _canary_fields_served() -> bool:
@@ -426,7 +444,7 @@ def test_a_canary_gets_its_httproute_with_the_chart_token(installed, kubectl, k8
     harness.apply_gateway(harness.kube_client(k8s_cluster), ns, "inference-gateway")
     body = yaml.safe_load((REPO / "examples" / "llama-3-8b-canary-int8.yaml").read_text())
     # Pods that KWOK can run: a product its nodes carry, and a hostPath model instead of a claim.
-    body["spec"]["canary"]["gateway"] = {"name": "inference-gateway", "namespace": ns}
+    body["spec"]["route"]["gateway"] = {"name": "inference-gateway", "namespace": ns}
     body["spec"]["resources"]["gpuProduct"] = kubectl.get("nodes")["items"][0]["metadata"]["labels"][
         "nvidia.com/gpu.product"]
     body["spec"]["model"]["uri"] = "file:///models/llama-3-8b-instruct"

@@ -76,7 +76,7 @@ def test_every_component_version_comes_from_its_committed_gomod() -> None:
     versions = {c.name: c.version() for c in build.COMPONENTS}
     assert versions["etcd"].startswith("v3.6.")
     assert versions["kubernetes"].startswith("v1.37.")
-    assert set(versions) == {"etcd", "kubernetes", "kwok", "helm", "crane"}
+    assert set(versions) == {"etcd", "kubernetes", "kwok", "helm", "crane", "versitygw"}
 
 
 def test_binaries_live_in_a_version_keyed_cache(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]

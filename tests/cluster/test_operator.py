@@ -158,7 +158,7 @@ def test_delete_garbage_collects_everything(env) -> None:  # type: ignore[no-unt
         ({"strategy": {"maxSeqLen": 4}}, r"spec\.strategy\.maxSeqLen: Invalid value: 4"),
         ({"replicas": -1}, r"spec\.replicas: Invalid value: -1"),
         ({"resources": {"gpus": 1}}, r"spec\.resources\.gpuProduct: Required value"),
-        ({"model": {"uri": "s3://bucket/model", "config": LLAMA3_8B}}, r"spec\.model\.uri"),
+        ({"model": {"uri": "gs://bucket/model", "config": LLAMA3_8B}}, r"spec\.model\.uri: Invalid value.*must be pvc://"),
         ({"strategy": {"attention": "mla", "latentRank": 512, "mlaRopeDims": 15}},
          r"spec\.strategy\.mlaRopeDims: Invalid value.*must be even"),
         ({"strategy": {"attention": "mla", "latentRank": 512, "mlaRopeDims": 0}},

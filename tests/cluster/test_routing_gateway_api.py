@@ -107,3 +107,42 @@ def test_api_server_validates_the_route(env) -> None:  # type: ignore[no-untyped
     with pytest.raises(KubeError) as info:
         router_for().set_weight(kube, owner, bad, 5)
     assert info.value.status == 422 and "X Model" in str(info.value)
+
+
+def test_a_shared_gateway_route_with_hostnames_and_the_model_header_is_valid(env) -> None:  # type: ignore[no-untyped-def]
+    """The Gateway API's own schema and CEL rules accept what spec.route makes of the route."""
+    kube, ns = env
+    apply_gateway(kube, ns, "shared-gw")
+    owner = _owner(kube, ns)
+    target = RouteTarget("shared-gw", ns, "llm", "llm-canary", canary_header_value="int8", stable_header_value="bf16",
+                         hostnames=("llm.example.com", "*.llm.example.com"), model_header="X-Gateway-Model-Name",
+                         model="llm")
+    router_for().set_weight(kube, owner, target, 5)
+    route = kube.get(route_path(ns, "llm"))
+    assert route["spec"]["hostnames"] == ["llm.example.com", "*.llm.example.com"]
+    assert [[h["name"] for h in m["headers"]] for r in route["spec"]["rules"] for m in r["matches"]] == [
+        ["X-Gateway-Model-Name", "X-Model-Strategy"], ["X-Gateway-Model-Name", "X-Model-Strategy"],
+        ["X-Gateway-Model-Name"]]
+    router_for().set_weight(kube, owner, RouteTarget("shared-gw", ns, "llm", "llm-canary", hostnames=target.hostnames,
+                                                     model_header=target.model_header, model="llm"), 0)
+    (rule,) = kube.get(route_path(ns, "llm"))["spec"]["rules"]  # no canary: everything to stable
+    assert [b["name"] for b in rule["backendRefs"]] == ["llm"]
+
+
+@pytest.mark.parametrize(("route", "canary", "needle"), [
+    ({"hostnames": ["Chat.Example.com"]}, None, "spec.route.hostnames[0]"),
+    ({"hostnames": ["10.0.0.1:80"]}, None, "spec.route.hostnames[0]"),
+    ({"modelHeader": "X Model"}, None, "spec.route.modelHeader"),
+    ({"modelHeader": "x-model-strategy"}, {"strategy": {"kvCacheDtype": "int8"}},
+     "spec.route.modelHeader may not be the canary's pin header"),
+])
+def test_bad_route_specs_are_refused_naming_the_field(env, route: dict, canary: dict | None, needle: str) -> None:  # type: ignore[no-untyped-def]
+    kube, ns = env
+    body = copy.deepcopy(_owner(kube, ns))
+    body["metadata"] = {"name": "bad-route", "namespace": ns}
+    body["spec"]["route"] = route
+    if canary:
+        body["spec"]["canary"] = canary
+    with pytest.raises(KubeError) as info:
+        kube.request("POST", f"/apis/kvpilot.io/v1alpha1/namespaces/{ns}/inferenceservices", body=body)
+    assert info.value.status == 422 and needle in str(info.value), str(info.value)

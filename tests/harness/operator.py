@@ -59,7 +59,10 @@ class Kubectl:
     def install_crd(self) -> None:
         """The InferenceService CRD from crds/, applied and Established (idempotent)."""
         self("apply", "-f", str(REPO / "crds" / "inferenceservices.kvpilot.io.yaml"))
-        self("wait", "--for=condition=Established", "--timeout=60s", "crd/inferenceservices.kvpilot.io")
+        # `kubectl wait` fails at once ("conditions accessor error") while a new CRD has no status yet
+        wait_for(lambda: self("wait", "--for=condition=Established", "--timeout=60s",
+                              "crd/inferenceservices.kvpilot.io", check=False).returncode == 0,
+                 "the InferenceService CRD Established", 90)
 
     def get(self, *args: str) -> dict[str, Any]:
         return json.loads(self("get", *args, "-o", "json").stdout)

@@ -15,6 +15,11 @@ def make_feed(instance_id: str = "engine-a", **sections: Any) -> dict[str, Any]:
     for value in (0.01, 0.012, 0.05):
         tpot.observe(value)
     e2e.observe(1.2)
+    vllm = {key: contract.Histogram(bounds) for key, bounds in contract.VLLM_BUCKETS_SECONDS.items()}
+    for key, values in {"ttft_seconds": (0.004, 0.02, 0.02, 0.3, 2.5, 100.0),
+                        "inter_token_seconds": (0.01, 0.012, 0.05, 0.3), "e2e_seconds": (1.2,)}.items():
+        for value in values:
+            vllm[key].observe(value)
     feed: dict[str, Any] = {
         "schema_version": contract.SCHEMA_VERSION,
         "taken_at_seconds": 1_700_000_100.0, "age_seconds": 0.25,
@@ -37,6 +42,8 @@ def make_feed(instance_id: str = "engine-a", **sections: Any) -> dict[str, Any]:
                      "failed_total": {"fault": 3, "engine_error": 1}},
         "latency": {"ttft_seconds": ttft.to_feed(), "tpot_seconds": tpot.to_feed(),
                     "e2e_seconds": e2e.to_feed()},
+        "vllm": {**{key: hist.to_feed() for key, hist in vllm.items()},
+                 "finished_total": {"stop": 12, "length": 5, "abort": 1}},
         "linear": {"summary_hits_total": 995, "summary_misses_total": 5},
         "gqa_head_utilization": [{"layer": 0, "kv_head": 0, "value": 0.25},
                                  {"layer": 0, "kv_head": 1, "value": 0.5},

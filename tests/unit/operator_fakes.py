@@ -93,6 +93,10 @@ class FakeKube:
         self.writes.append(path + "/status")
         return copy.deepcopy(live)
 
+    def delete(self, path: str) -> bool:
+        self.requests.append(("DELETE", path))
+        return self.objects.pop(path, None) is not None
+
     def crd_exists(self, name: str) -> bool:
         self.requests.append(("GET", f"crd/{name}"))
         return name in self.crds

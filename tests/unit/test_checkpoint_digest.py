@@ -29,16 +29,31 @@ def checkpoint(tmp_path: Path) -> Path:
 
 @pytest.mark.skipif(shutil.which("sha256sum") is None, reason="coreutils sha256sum not installed")
 def test_digest_is_sha256_of_the_sha256sum_manifest(checkpoint: Path) -> None:
+    (checkpoint / "README.md").write_text("not served")
+    (checkpoint / ".hidden.json").write_text("{}")
     manifest = subprocess.run(
-        "LC_ALL=C sha256sum *.safetensors", shell=True, cwd=checkpoint, capture_output=True, check=True
+        "LC_ALL=C sha256sum *.json *.safetensors | LC_ALL=C sort -k2", shell=True, cwd=checkpoint,
+        capture_output=True, check=True,
     ).stdout
-    assert manifest.count(b"\n") == 2 and manifest.index(b"00001") < manifest.index(b"00002")
+    assert manifest.count(b"\n") == 4 and manifest.index(b"00001") < manifest.index(b"00002")
     assert checkpoint_digest(checkpoint) == hashlib.sha256(manifest).hexdigest()
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "config.json", "chat_template.jinja", "tokenizer.model",
+                                  "merges.txt", "generation_config.json"])
+def test_digest_covers_config_tokenizer_and_chat_template(checkpoint: Path, name: str) -> None:
+    digest = checkpoint_digest(checkpoint)
+    (checkpoint / name).write_text("swapped")
+    assert checkpoint_digest(checkpoint) != digest
 
 
 def test_digest_changes_with_a_byte_or_a_name_and_ignores_other_files(checkpoint: Path) -> None:
     digest = checkpoint_digest(checkpoint)
-    (checkpoint / "tokenizer.json").write_text('{"changed": true}')
+    (checkpoint / "README.md").write_text("# a model card")
+    (checkpoint / ".cache").mkdir()
+    (checkpoint / ".cache" / "x.json").write_text("{}")
+    (checkpoint / "original").mkdir()  # a subdirectory is not served
+    (checkpoint / "original" / "params.json").write_text("{}")
     assert checkpoint_digest(checkpoint) == digest
     (checkpoint / "model-00001-of-00002.safetensors").write_bytes(b"first sharD")
     changed = checkpoint_digest(checkpoint)

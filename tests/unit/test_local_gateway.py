@@ -71,7 +71,8 @@ def test_kvpilot_route_is_accepted_and_split() -> None:
     text = render(plan.listeners, plan.upstreams, Path("/tmp/x"), run_as_root=False)
     assert "split_clients" in text and "95.00% kvp_u_ns_svc_stable_8000;" in text
     assert "* kvp_u_ns_svc_canary_8000;" in text
-    assert '"~^native-int8$" kvp_u_ns_svc_canary_8000;' in text
+    assert '"~^[^|]*[|]native-int8$" kvp_u_ns_svc_canary_8000;' in text
+    assert 'map "$host|$http_x_model_strategy" $kvp_l0' in text
 
 
 @pytest.mark.parametrize(("rules", "extra", "needle"), [
@@ -81,7 +82,7 @@ def test_kvpilot_route_is_accepted_and_split() -> None:
     ([{"filters": [{"type": "RequestMirror"}], "backendRefs": [backend("svc-stable")]}], {}, "rules[0].filters"),
     ([{"matches": [{"headers": [{"type": "RegularExpression", "name": "x", "value": "a.*"}]}],
        "backendRefs": [backend("svc-stable")]}], {}, "type 'RegularExpression'"),
-    ([{"backendRefs": [backend("svc-stable")]}], {"hostnames": ["a.example"]}, "spec.hostnames"),
+    ([{"backendRefs": [backend("svc-stable")]}], {"hostnames": ["10.0.0.1:80"]}, "spec.hostnames[0]"),
 ])
 def test_unsupported_features_reject_the_route(rules: list, extra: dict, needle: str) -> None:
     plan = plan_for([route(rules, **extra)])
@@ -102,7 +103,7 @@ def test_unresolved_backends_answer_500(ref: dict, reason: str) -> None:
     accepted, resolved = plan.route_parents["ns/r"][0].conditions
     assert accepted.status == "True" and (resolved.status, resolved.reason) == ("False", reason)
     text = render(plan.listeners, plan.upstreams, Path("/tmp/x"), run_as_root=False)
-    assert "50.00% kvp_error_500;" in text
+    assert "50.00% kvp_error_500_kvp_u_" in text
 
 
 def test_listener_namespaces_and_section_names() -> None:
@@ -154,3 +155,15 @@ def test_pod_runner_plans_kvpilot_containers_like_the_kubelet() -> None:
     pod["spec"]["containers"][0]["command"] = ["python", "serve.py"]
     with pytest.raises(UnsupportedContainer, match="starts only `kvpilot"):
         plan_pod(pod)
+
+
+@pytest.mark.skipif(shutil.which("/usr/sbin/nginx") is None, reason="nginx not installed (apt-get install nginx-light)")
+def test_nginx_accepts_the_render_without_any_listener(tmp_path: Path) -> None:
+    """The metrics log names $kvp_target, which only a server defines: no Gateway, no metrics log."""
+    text = render([], {}, tmp_path, run_as_root=False)
+    assert "kvp_metrics" not in text
+    (tmp_path / "nginx.conf").write_text(text)
+    (tmp_path / "tmp" / "body").mkdir(parents=True)
+    result = subprocess.run(["/usr/sbin/nginx", "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr + text

@@ -110,8 +110,10 @@ def test_model_uris() -> None:
     assert model_path("pvc://models/llama/8b") == "/models/llama/8b"
     assert model_path("file:///data/m") == "/data/m"
     assert model_path("/data/m") == "/data/m"
-    with pytest.raises(UnsupportedModelUri, match="pvc://<claim>/<dir>"):
-        model_path("s3://bucket/m")
+    assert model_path("s3://bucket/m") == "/models"  # fetched by the storage initializer (model_init.py)
+    for bad in ("gs://bucket/m", "oci://no-repository"):
+        with pytest.raises(UnsupportedModelUri, match=r"pvc://<claim>/<dir>|oci://<registry>"):
+            model_path(bad)
 
 
 def test_services_select_stable_api_and_every_tracks_metrics() -> None:

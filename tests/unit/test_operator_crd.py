@@ -30,9 +30,11 @@ def test_names_and_version(crd: dict) -> None:
     assert crd["spec"]["names"]["kind"] == c.KIND
     assert "isvc" not in crd["spec"]["names"]["shortNames"]
     (version,) = crd["spec"]["versions"]
-    assert version["name"] == c.VERSION and version["subresources"] == {"status": {}}
+    assert version["name"] == c.VERSION and version["subresources"] == {"status": {}, "scale": {
+        "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector"}}
     assert [col["name"] for col in version["additionalPrinterColumns"]] == [
-        "Phase", "Strategy", "Rollout", "Step", "Canary %", "Canary", "Ready", "Age"]
+        "Phase", "Strategy", "Rollout", "Step", "Canary %", "Canary", "Ready", "Blocked", "Age"]
 
 
 def test_enums_match_the_planner(crd: dict) -> None:
@@ -94,3 +96,14 @@ def test_defaults_agree_with_the_operator(crd: dict) -> None:
 def test_canary_strategy_has_no_defaults(crd: dict) -> None:
     canary = schema(crd)["properties"]["spec"]["properties"]["canary"]["properties"]["strategy"]["properties"]
     assert all("default" not in v for v in canary.values())
+
+
+def test_autoscaling_schema_matches_the_operators_parser(crd: dict) -> None:
+    from kvpilot.operator.autoscaling.spec import METRICS
+
+    auto = schema(crd)["properties"]["spec"]["properties"]["autoscaling"]
+    assert auto["required"] == ["maxReplicas"]
+    assert tuple(auto["properties"]["metric"]["enum"]) == tuple(METRICS)
+    assert auto["properties"]["denserStrategy"]["enum"] == ["off", "propose", "start"]  # strings, not YAML booleans
+    rules = " ".join(r["rule"] for r in auto["x-kubernetes-validations"])
+    assert "self.minReplicas <= self.maxReplicas" in rules and "self.target <= 1.0" in rules

@@ -260,3 +260,24 @@ def test_status_round_trips_through_the_status_document() -> None:
     doc = {**status.to_dict(), "unowned": 1}
     assert CanaryStatus.from_dict(doc) == status.with_(extra={"unowned": 1})
     assert CanaryStatus.from_dict(doc).to_dict() == doc
+
+
+def test_a_crashing_canary_rolls_back_before_its_window_ends() -> None:
+    status = decide(CanaryStatus(), SPEC, None, at(0)).status
+    status = decide(status, SPEC, None, at(0), World(canary_restarts=0)).status
+    assert status.restarts_at_start == 0 and status.weight == 1
+    calm = decide(status, SPEC, None, at(2), World(canary_restarts=0))
+    assert calm.status == status and calm.actions == ()
+    crashed = decide(status, SPEC, None, at(3), World(canary_restarts=0, canary_problem="pod x: CrashLoopBackOff"))
+    assert crashed.status.phase == p.ROLLING_BACK and crashed.status.reason == "CanaryCrashed"
+    assert "CrashLoopBackOff" in crashed.status.message
+    assert SetWeight(0) in crashed.actions and ScaleCanary(0) in crashed.actions
+    restarted = decide(status, SPEC, None, at(3), World(canary_restarts=1))
+    assert restarted.status.reason == "CanaryCrashed" and "restarted 1 time" in restarted.status.message
+
+
+def test_a_canary_not_yet_routed_is_not_judged_by_its_start() -> None:
+    status = decide(CanaryStatus(), SPEC, None, at(0), World(canary_ready=False)).status
+    waiting = decide(status, SPEC, None, at(1), World(canary_ready=False, canary_restarts=3,
+                                                        canary_problem="pod x is not ready: loading"))
+    assert waiting.status.phase == p.PROGRESSING and waiting.status.reason == "CanaryNotReady"

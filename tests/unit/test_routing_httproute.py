@@ -99,3 +99,70 @@ def test_unavailable_without_crds_says_why() -> None:
     assert not ok and reason == "GatewayAPIMissing"
     assert "httproutes.gateway.networking.k8s.io" in message and "rollout waits" in message
     assert issubclass(RouterUnavailable, RuntimeError)
+
+
+SHARED = RouteTarget("shared-gw", "infra", "llm", "llm-canary", canary_header_value="int8", stable_header_value="bf16",
+                     hostnames=("llm.example.com",), model_header="X-Gateway-Model-Name", model="llm")
+
+
+def test_a_shared_gateway_route_requires_the_host_and_the_model_on_every_rule() -> None:
+    route = build_httproute(OWNER, SHARED, 5)
+    assert route["spec"]["hostnames"] == ["llm.example.com"]
+    matches = [(m.get("headers"), [b["name"] for b in r["backendRefs"]]) for r in route["spec"]["rules"]
+               for m in r["matches"]]
+    model = {"type": "Exact", "name": "X-Gateway-Model-Name", "value": "llm"}
+    assert matches == [
+        ([model, {"type": "Exact", "name": "X-Model-Strategy", "value": "int8"}], ["llm-canary"]),
+        ([model, {"type": "Exact", "name": "X-Model-Strategy", "value": "bf16"}], ["llm"]),
+        ([model], ["llm", "llm-canary"]),
+    ]
+    assert canary_weight_of(route) == 5
+
+
+def test_without_a_canary_the_route_sends_everything_to_stable() -> None:
+    steady = RouteTarget("gw", "infra", "llm", "llm-canary", model_header="X-Gateway-Model-Name", model="llm")
+    route = build_httproute(OWNER, steady, 0)
+    (rule,) = route["spec"]["rules"]
+    assert rule["backendRefs"] == [{"group": "", "kind": "Service", "name": "llm", "port": 8000, "weight": 100}]
+    assert "hostnames" not in route["spec"] and canary_weight_of(route) == 0
+
+
+@pytest.mark.parametrize(("kwargs", "needle"), [
+    ({"model_header": "X-Gateway-Model-Name"}, "model is empty"),
+    ({"model_header": "x-model-strategy", "model": "llm"}, "must differ"),
+])
+def test_route_targets_refuse_colliding_headers(kwargs: dict, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        RouteTarget("gw", "infra", "llm", "llm-canary", **kwargs)
+
+
+def test_probes_through_a_shared_gateway_send_the_model_header_and_host() -> None:
+    from kvpilot.operator.analysis.probes import GatewayPins
+
+    route = build_httproute(OWNER, SHARED, 5)
+
+    class Kube:
+        def get(self, _path: str) -> dict:
+            return route
+
+    endpoint = GatewayPins("http://gw").endpoint(Kube(), "team-a", "llm", "canary")
+    assert endpoint.headers == {"X-Gateway-Model-Name": "llm", "X-Model-Strategy": "int8", "Host": "llm.example.com"}
+
+
+def test_route_conflicts_need_the_same_gateway_hosts_and_shared_headers() -> None:
+    from kvpilot.operator.routing.conflicts import conflicting_route
+
+    def made(name: str, target: RouteTarget, at: str) -> dict:
+        route = build_httproute({"metadata": {"name": name, "namespace": "team-a", "uid": name}}, target, 5)
+        route["metadata"]["creationTimestamp"] = at
+        return route
+
+    plain = RouteTarget("gw", "infra", "a", "a-canary", canary_header_value="c", stable_header_value="s")
+    first = made("a", plain, "2026-01-01T00:00:00Z")
+    second = made("b", RouteTarget("gw", "infra", "b", "b-canary"), "2026-01-02T00:00:00Z")
+    assert conflicting_route(second, [first, second]) is first  # both take every request: the older wins
+    assert conflicting_route(first, [first, second]) is None
+    for differs in (RouteTarget("gw2", "infra", "b", "b-canary"), RouteTarget("gw", "infra", "b", "b-canary",
+                                                                          hostnames=("b.example.com",)),
+                    RouteTarget("gw", "infra", "b", "b-canary", model_header="X-Gateway-Model-Name", model="b")):
+        assert conflicting_route(made("b", differs, "2026-01-02T00:00:00Z"), [first]) is None

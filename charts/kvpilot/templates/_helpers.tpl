@@ -91,15 +91,31 @@ namespace
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, create, patch]
-{{- if .Values.rbac.readApiKeySecrets }}
+{{- if or .Values.rbac.readApiKeySecrets .Values.rbac.readModelSecrets }}
 # The probe gate reads the engine's API key (spec.engine.apiKeySecretRef) when it scores a probe
-# set. RBAC cannot narrow this to the Secrets that specs name: it is `get` on every Secret here.
+# set (readApiKeySecrets); the preflight reads a model source's login to fetch its config.json
+# (spec.model.credentialsSecretRef, readModelSecrets). RBAC cannot narrow this to the Secrets that
+# specs name: it is `get` on every Secret here.
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get]
 {{- end }}
 - apiGroups: [monitoring.coreos.com]
   resources: [podmonitors]
+  verbs: [get, create, patch]
+# A PodDisruptionBudget per track (server-side apply; deleted with the canary, or when
+# spec.disruptionBudget.enabled is false).
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, create, patch, delete]
+# spec.autoscaling: an HPA per track (server-side apply; deleted when autoscaling is off or the
+# canary goes).
+- apiGroups: [autoscaling]
+  resources: [horizontalpodautoscalers]
+  verbs: [get, create, patch, delete]
+# --router inference-pool: an InferencePool per track (Gateway API Inference Extension v1).
+- apiGroups: [inference.networking.k8s.io]
+  resources: [inferencepools]
   verbs: [get, create, patch]
 # The rollout's traffic split.
 - apiGroups: [gateway.networking.k8s.io]
@@ -108,10 +124,14 @@ namespace
 - apiGroups: [gateway.networking.k8s.io]
   resources: [gateways]
   verbs: [get, list, watch]
-# kopf.event and kopf's own warnings.
+# kopf.event and kopf's own warnings (create); the pods' own Events (FailedMount) and the pods
+# themselves for the PodsBlocked condition and the canary's crash check (get, list, watch).
 - apiGroups: [""]
   resources: [events]
-  verbs: [create]
+  verbs: [create, get, list]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch]
 {{- if .Values.peering.enabled }}
 - apiGroups: [kopf.dev]
   resources: [kopfpeerings]
@@ -136,6 +156,13 @@ namespace
 - apiGroups: [kopf.dev]
   resources: [clusterkopfpeerings]
   verbs: [get, list, watch, patch]
+{{- end }}
+{{- if ne .Values.canaryGpuCheck "off" }}
+# The canary's GPU preflight: allocatable GPUs of matching nodes minus what the pods bound to them
+# request, in every namespace (--canary-gpu-check).
+- apiGroups: [""]
+  resources: [nodes, pods]
+  verbs: [list]
 {{- end }}
 {{- end -}}
 
@@ -166,6 +193,10 @@ namespace
 {{- end }}
 {{- with .Values.gateway.url }}
 - --gateway-url={{ . }}
+{{- end }}
+- --canary-gpu-check={{ .Values.canaryGpuCheck }}
+{{- with .Values.gpuProductLabel }}
+- --gpu-product-label={{ . }}
 {{- end }}
 {{- if .Values.verbose }}
 - --verbose

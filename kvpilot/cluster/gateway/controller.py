@@ -18,7 +18,8 @@ from typing import Any
 from kvpilot.cluster.api import ApiClient, ApiError
 from kvpilot.cluster.gateway import CONTROLLER_NAME, GATEWAY_CLASS, GROUP
 from kvpilot.cluster.gateway import status as st
-from kvpilot.cluster.gateway.nginx_conf import render
+from kvpilot.cluster.gateway.metrics import BackendCounters
+from kvpilot.cluster.gateway.nginx_conf import METRICS_LOG, backend_targets, render
 from kvpilot.cluster.gateway.nginx_process import NginxProcess
 from kvpilot.cluster.gateway.plan import Plan, build_plan, key
 
@@ -37,6 +38,7 @@ class GatewayController:
                  interval_s: float = 0.25) -> None:
         self.api, self.prefix, self.controller, self.interval_s = api, prefix, controller, interval_s
         self.nginx = NginxProcess(prefix)
+        self.counters = BackendCounters(prefix / METRICS_LOG, reopen=self.nginx.reopen_logs)
         self.addresses: dict[str, str] = {}
         self.rendered: str | None = None
         self._warned: set[str] = set()
@@ -97,6 +99,8 @@ class GatewayController:
                           previous_addresses=self.addresses, controller=self.controller)
         self.addresses = plan.addresses
         text = render(plan.listeners, plan.upstreams, self.prefix, run_as_root=os.geteuid() == 0)
+        self.counters.set_targets(backend_targets(plan.listeners))
+        self.counters.read()
         if text != self.rendered:
             error = self.nginx.check(text)
             if error:

@@ -18,11 +18,23 @@ class Backend:
 
 @dataclass(frozen=True)
 class MatchEntry:
-    """One match of one rule: an exact header (or none: the catch-all) -> weighted backends."""
+    """One match of one rule for one of the route's hostnames: exact headers (all must match; none:
+    the catch-all) and a Host (None: any) -> weighted backends."""
 
-    header: tuple[str, str] | None
+    headers: tuple[tuple[str, str], ...]
     backends: tuple[Backend, ...]
     route: str  # namespace/name, for messages and ordering
+    host: str | None = None  # an exact hostname or a wildcard "*.example.com"
+
+    @property
+    def header(self) -> tuple[str, str] | None:
+        """The first header match (None: none), for entries with at most one."""
+        return self.headers[0] if self.headers else None
+
+    @property
+    def marker(self) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+        """What the entry matches on: two entries with one marker are duplicates (the later loses)."""
+        return self.host, tuple(sorted((name.lower(), value) for name, value in self.headers))
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Pure: listeners and upstreams -> one nginx configuration file (Debian's nginx-light suffices).
 
-Per listener, a chain of `map`s on the matched headers picks the entry, and per entry a
-`split_clients` on `$request_id` picks a backend by weight; the winner names an `upstream` of the
+Per listener, one `map` on the Host and the matched headers picks the entry (regexes in Gateway API
+precedence order), and per entry a `split_clients` on `$request_id` picks a backend by weight; the winner names an `upstream` of the
 Service's ready endpoints. Entries with nothing to serve answer 404 (no route), 500 (invalid
 backendRef, as the Gateway API asks) or 503 (no ready endpoint).
 """
@@ -15,6 +15,7 @@ from pathlib import Path
 from kvpilot.cluster.gateway import UPSTREAM_HEADER
 from kvpilot.cluster.gateway.model import Backend, Listener, MatchEntry, Upstream
 
+METRICS_LOG = "metrics.log"
 ERRORS = {404: "no HTTPRoute rule matches this request",
           500: "the chosen backendRef is invalid (see the HTTPRoute's status)",
           503: "the chosen backend has no ready endpoint"}
@@ -41,12 +42,26 @@ def percentages(weights: Sequence[int]) -> list[float]:
 
 
 def _target(backend: Backend, upstreams: Mapping[tuple[str, str, int], Upstream]) -> str:
+    """The upstream's name, or `kvp_error_<code>_<upstream>`: the error still names its backend (metrics)."""
+    name = upstream_name(backend.namespace, backend.name, backend.port)
     if backend.error is not None:
-        return f"kvp_error_{backend.error}"
+        return f"kvp_error_{backend.error}_{name}"
     up = upstreams.get((backend.namespace, backend.name, backend.port))
     if up is None or not up.servers:
-        return "kvp_error_503"
-    return upstream_name(backend.namespace, backend.name, backend.port)
+        return f"kvp_error_503_{name}"
+    return name
+
+
+def backend_targets(listeners: Sequence[Listener]) -> dict[str, tuple[str, str]]:
+    """Every `$kvp_target` value the render can produce for a backend -> (namespace, Service)."""
+    out: dict[str, tuple[str, str]] = {}
+    for lst in listeners:
+        for entry in lst.entries:
+            for b in entry.backends:
+                name = upstream_name(b.namespace, b.name, b.port)
+                for target in (name, *[f"kvp_error_{code}_{name}" for code in (500, 503)]):
+                    out[target] = (b.namespace, b.name)
+    return out
 
 
 def _literal(value: str) -> str:
@@ -78,34 +93,37 @@ def _entry_value(entry: MatchEntry, var: str, upstreams: Mapping[tuple[str, str,
     return f"${var}"
 
 
+def _host_pattern(host: str | None) -> str:
+    """A PCRE for nginx's `$host` (lowercase, no port): exact, `*.` wildcard (one or more labels) or any."""
+    if host is None:
+        return "[^|]*"
+    if host.startswith("*."):
+        return "[^|]+[.]" + _literal(host[2:])
+    return _literal(host)
+
+
 def _listener(lst: Listener, index: int, upstreams: Mapping[tuple[str, str, int], Upstream],
               out: list[str]) -> None:
+    """One `map` per listener on "$host|$http_<h1>|$http_<h2>..." (every header any entry matches):
+    each entry is a regex in precedence order (nginx tries regexes in order, the first match wins)."""
     base = f"kvp_l{index}"
-    catch_all = next((e for e in lst.entries if e.header is None), None)
-    default = _entry_value(catch_all, f"{base}_all", upstreams, out) if catch_all else "kvp_error_404"
-    by_header: dict[str, list[MatchEntry]] = {}
-    for e in lst.entries:
-        if e.header is not None:
-            by_header.setdefault(e.header[0].lower(), []).append(e)
-    names = list(by_header)
-    for h, name in enumerate(names):
-        var = f"{base}_h{h}"
-        fallback = f"${base}_h{h + 1}" if h + 1 < len(names) else default
-        lines = []
-        for j, e in enumerate(by_header[name]):
-            value = _entry_value(e, f"{var}_e{j}", upstreams, out)
-            assert e.header is not None
-            lines.append(f"    {_quote('~^' + _literal(e.header[1]) + '$')} {value};")
-        out.append(f"map $http_{name.replace('-', '_')} ${var} {{  # {lst.gateway} {lst.name}")
-        out += lines
-        out.append(f"    default {fallback};")
-        out.append("}")
-    target = f"${base}_h0" if names else default
+    names = sorted({name.lower() for e in lst.entries for name, _ in e.headers})
+    source = "|".join(["$host", *[f"$http_{n.replace('-', '_')}" for n in names]])
+    lines = []
+    for j, e in enumerate(lst.entries):
+        value = _entry_value(e, f"{base}_e{j}", upstreams, out)
+        wanted = {name.lower(): v for name, v in e.headers}
+        parts = [_host_pattern(e.host), *[_literal(wanted[n]) if n in wanted else "[^|]*" for n in names]]
+        lines.append(f"    {_quote('~^' + '[|]'.join(parts) + '$')} {value};  # {e.route}")
+    out.append(f"map {_quote(source)} ${base} {{  # {lst.gateway} {lst.name}")
+    out += lines
+    out.append("    default kvp_error_404;")
+    out.append("}")
     out += [
         f"server {{  # Gateway {lst.gateway}, listener {lst.name}",
         f"    listen {lst.address}:{lst.port};",
-        f"    set $kvp_target {target};",
-        *[f'    if ($kvp_target = kvp_error_{code}) {{ return {code} "{text}\\n"; }}'
+        f"    set $kvp_target ${base};",
+        *[f'    if ($kvp_target ~ ^kvp_error_{code}) {{ return {code} "{text}\\n"; }}'
           for code, text in ERRORS.items()],
         "    location / {",
         "        proxy_pass http://$kvp_target;",
@@ -126,6 +144,10 @@ def render(listeners: Sequence[Listener], upstreams: Mapping[tuple[str, str, int
         "events { worker_connections 1024; }",
         "http {",
         f"    access_log {prefix / 'access.log'};",
+        # One line per request for the controller's per-backend counters (metrics.py); only with a
+        # server that sets $kvp_target (nginx refuses an unknown variable in log_format).
+        "    log_format kvp_metrics '$kvp_target $status';" if listeners else "",
+        f"    access_log {prefix / METRICS_LOG} kvp_metrics;" if listeners else "",
         f"    client_body_temp_path {prefix / 'tmp' / 'body'};",
         f"    proxy_temp_path {prefix / 'tmp' / 'proxy'};",
         "    client_body_buffer_size 1m;",

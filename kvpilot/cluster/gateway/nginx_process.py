@@ -58,6 +58,11 @@ class NginxProcess:
             self.proc.send_signal(signal.SIGHUP)
             self.reloads += 1
 
+    def reopen_logs(self) -> None:
+        """SIGUSR1: nginx reopens its log files (after the caller renamed one)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGUSR1)
+
     def _dirs(self) -> None:
         for sub in ("tmp/body", "tmp/proxy"):
             (self.prefix / sub).mkdir(parents=True, exist_ok=True)

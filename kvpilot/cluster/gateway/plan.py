@@ -84,15 +84,21 @@ def _ours(gateways: Sequence[dict], classes: Sequence[dict], controller: str) ->
     return [g for g in gateways if g.get("spec", {}).get("gatewayClassName") in names]
 
 
+def _host_rank(host: str | None) -> tuple[int, int]:
+    """Gateway API hostname precedence: the longest exact hostname, then the longest wildcard, then none."""
+    if host is None:
+        return 2, 0
+    return (1 if host.startswith("*.") else 0), -len(host)
+
+
 def _order(entries: list[tuple[tuple, MatchEntry]]) -> tuple[MatchEntry, ...]:
-    """Gateway API precedence: header matches before the catch-all, then the oldest route, then rule
-    order; later duplicates of a header value (or a second catch-all) lose."""
-    seen: set[tuple[str, str] | None] = set()
+    """Gateway API precedence: the most specific hostname, then the most header matches, then the
+    oldest route, then rule order; a later entry matching on the same host and headers loses."""
+    seen: set[tuple] = set()
     out = []
-    for _, entry in sorted(entries, key=lambda e: (e[1].header is None, e[0])):
-        marker = (entry.header[0].lower(), entry.header[1]) if entry.header else None
-        if marker not in seen:
-            seen.add(marker)
+    for _, entry in sorted(entries, key=lambda e: (_host_rank(e[1].host), -len(e[1].headers), e[0])):
+        if entry.marker not in seen:
+            seen.add(entry.marker)
             out.append(entry)
     return tuple(out)
 

@@ -1,7 +1,8 @@
 """Pure checks of one HTTPRoute: which part kvpilot's local gateway serves, and why not the rest.
 
-Served: rules whose matches are one exact header (or none) on the path prefix "/" (the API
-server's default), with weighted `Service` backendRefs in the route's namespace. Anything else is
+Served: `hostnames` (exact or `*.` wildcards, matched on the Host header) and rules whose matches
+are exact headers (any number, all must match; none: the catch-all) on the path prefix "/" (the
+API server's default), with weighted `Service` backendRefs in the route's namespace. Anything else is
 reported in `status.parents` the way the Gateway API prescribes: an unsupported field makes the
 route `Accepted=False` (reason `UnsupportedValue`), an unresolvable backend makes it
 `ResolvedRefs=False` (`InvalidKind`, `RefNotPermitted`, `BackendNotFound`) and that backend's
@@ -19,6 +20,7 @@ from kvpilot.cluster.gateway.model import Backend, MatchEntry
 
 HEADER_NAME = re.compile(r"^[A-Za-z0-9-]+$")
 HEADER_VALUE = re.compile(r"^[A-Za-z0-9._:/+=@,-]*$")
+HOSTNAME = re.compile(r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 ROUTE_FIELDS = {"parentRefs", "rules", "hostnames"}
 RULE_FIELDS = {"matches", "backendRefs", "name"}
 MATCH_FIELDS = {"path", "headers"}
@@ -49,28 +51,37 @@ def _unsupported_keys(obj: Mapping[str, Any], allowed: set[str], where: str) -> 
             for key in sorted(obj) if key not in allowed and obj[key] not in (None, [], {})]
 
 
-def _match_header(match: Mapping[str, Any], where: str, problems: list[str]) -> tuple[str, str] | None:
+def _match_headers(match: Mapping[str, Any], where: str, problems: list[str]) -> tuple[tuple[str, str], ...]:
     problems += _unsupported_keys(match, MATCH_FIELDS, where)
     path = match.get("path")
     if path and (path.get("type", "PathPrefix"), path.get("value", "/")) != ("PathPrefix", "/"):
         problems.append(f"{where}.path {path.get('type')} {path.get('value')!r} is not supported "
                         "(only the default PathPrefix \"/\")")
-    headers = match.get("headers") or []
-    if len(headers) > 1:
-        problems.append(f"{where}.headers has {len(headers)} entries; at most one header match is supported")
-        return None
-    if not headers:
-        return None
-    header = headers[0]
-    if header.get("type", "Exact") != "Exact":
-        problems.append(f"{where}.headers[0].type {header.get('type')!r} is not supported (only Exact)")
-    name = str(header.get("name", ""))
-    if not HEADER_NAME.match(name):
-        problems.append(f"{where}.headers[0].name {name!r}: only letters, digits and '-' are supported")
-    value = str(header.get("value", ""))
-    if not HEADER_VALUE.match(value):
-        problems.append(f"{where}.headers[0].value {value!r}: only letters, digits and ._:/+=@,- are supported")
-    return name, value
+    out = []
+    for i, header in enumerate(match.get("headers") or []):
+        if header.get("type", "Exact") != "Exact":
+            problems.append(f"{where}.headers[{i}].type {header.get('type')!r} is not supported (only Exact)")
+        name = str(header.get("name", ""))
+        if not HEADER_NAME.match(name):
+            problems.append(f"{where}.headers[{i}].name {name!r}: only letters, digits and '-' are supported")
+        value = str(header.get("value", ""))
+        if not HEADER_VALUE.match(value):
+            problems.append(f"{where}.headers[{i}].value {value!r}: only letters, digits and ._:/+=@,- are supported")
+        out.append((name, value))
+    if len({name.lower() for name, _ in out}) < len(out):
+        problems.append(f"{where}.headers names one header twice (the Gateway API forbids it)")
+    return tuple(out)
+
+
+def _hostnames(spec: Mapping[str, Any], problems: list[str]) -> tuple[str | None, ...]:
+    """spec.hostnames (lowercased, as nginx's $host), or (None,): every host."""
+    out = []
+    for i, name in enumerate(spec.get("hostnames") or []):
+        host = str(name).lower()
+        if not HOSTNAME.match(host):
+            problems.append(f"spec.hostnames[{i}] {name!r} is not a hostname (RFC 1123, optionally '*.' first)")
+        out.append(host)
+    return tuple(out) or (None,)
 
 
 def _backend(ref: Mapping[str, Any], namespace: str, services: Mapping[tuple[str, str], dict],
@@ -104,8 +115,7 @@ def check_rules(route: Mapping[str, Any], services: Mapping[tuple[str, str], dic
     meta, spec = route["metadata"], route.get("spec", {})
     namespace, key = meta["namespace"], f"{meta['namespace']}/{meta['name']}"
     problems = _unsupported_keys(spec, ROUTE_FIELDS, "spec")
-    if spec.get("hostnames"):
-        problems.append("spec.hostnames is not supported by the local gateway (its listeners take every host)")
+    hosts = _hostnames(spec, problems)
     unresolved: list[tuple[str, str]] = []
     entries: list[MatchEntry] = []
     for i, rule in enumerate(spec.get("rules") or [{}]):
@@ -115,8 +125,8 @@ def check_rules(route: Mapping[str, Any], services: Mapping[tuple[str, str], dic
                          if (b := _backend(ref, namespace, services, f"{where}.backendRefs[{j}]", problems,
                                            unresolved)) is not None)
         for k, match in enumerate(rule.get("matches") or [{}]):
-            header = _match_header(match, f"{where}.matches[{k}]", problems)
-            entries.append(MatchEntry(header, backends, key))
+            headers = _match_headers(match, f"{where}.matches[{k}]", problems)
+            entries += [MatchEntry(headers, backends, key, host) for host in hosts]
     return RuleCheck(tuple(entries), tuple(problems), tuple(unresolved))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ class ContainerPlan:
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
     probe: Probe | None
+    init: bool = False  # an init container: runs to completion, in order, before the containers start
 
 
 def _port(value: Any, container: Mapping[str, Any]) -> int:
@@ -100,15 +101,18 @@ def plan_container(container: Mapping[str, Any], pod: Mapping[str, Any] | None =
 
 def plan_pod(pod: Mapping[str, Any], python: str = sys.executable,
              volume_dirs: Mapping[str, Path] | None = None) -> list[ContainerPlan]:
-    """Every container's plan; `volume_dirs`: the pod's volumes as written by volumes.materialize."""
+    """Every init container's plan (init=True, in order), then every container's; `volume_dirs`: the
+    pod's volumes as written by volumes.materialize."""
     spec = pod.get("spec", {})
     plans = []
-    for c in spec.get("containers", []):
+    for init, c in [*((True, c) for c in spec.get("initContainers") or []),
+                    *((False, c) for c in spec.get("containers", []))]:
         try:
             mounts = mount_table(c, spec.get("volumes") or [], volume_dirs or {})
         except UnsupportedVolume as exc:
             raise UnsupportedContainer(str(exc)) from None
-        plans.append(plan_container(c, pod, python, mounts))
+        plan = plan_container(c, pod, python, mounts)
+        plans.append(replace(plan, init=True, probe=None) if init else plan)
     return plans
 
 

@@ -23,7 +23,7 @@ from kvpilot.cluster import processes
 from kvpilot.cluster.api import ApiClient, ApiError
 from kvpilot.cluster.podrunner import RUN_PODS_PREFIX, netns
 from kvpilot.cluster.podrunner.containers import ContainerPlan, UnsupportedContainer, plan_pod, scrape_target
-from kvpilot.cluster.podrunner.volumes import UnsupportedVolume, VolumeUnavailable, materialize
+from kvpilot.cluster.podrunner.volumes import UnsupportedVolume, VolumeUnavailable, init_mounted, materialize
 
 log = logging.getLogger("kvpilot.podrunner")
 STOP_GRACE_S = 10.0
@@ -31,6 +31,7 @@ STOP_GRACE_S = 10.0
 # gateway drops the pod from its upstreams first, so no new request races the engine's shutdown.
 DRAIN_DELAY_S = 2.0
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
+TERMINATION_MESSAGE_BYTES = 2048  # what the kubelet keeps of a log under FallbackToLogsOnError
 
 
 @dataclass
@@ -43,6 +44,8 @@ class Container:
     failures: int = 0  # consecutive failed readiness probes
     next_probe: float = 0.0
     probing: Future[bool] | None = None
+    done: bool = False  # an init container that exited 0
+    last_exit: tuple[int, str] | None = None  # (exit code, log tail) of a failed run: the kubelet's lastState
 
 
 @dataclass
@@ -57,6 +60,22 @@ class PodRun:
     reported: tuple | None = None  # the readiness last written to the pod's status
     sigterm_at: float | None = None  # set once the pod is gone: when its processes get SIGTERM
     kill_at: float | None = None
+
+
+def _init_status(c: Container) -> dict[str, Any]:
+    """An init container's status as the kubelet writes it: terminated/Completed, waiting in a crash loop
+    after a failed run (its exit and message in lastState), or running."""
+    out: dict[str, Any] = {"name": c.plan.name, "ready": c.done, "restartCount": c.restarts}
+    if c.done:
+        out["state"] = {"terminated": {"exitCode": 0, "reason": "Completed"}}
+    elif c.last_exit is not None and c.proc is None:
+        out["state"] = {"waiting": {"reason": "CrashLoopBackOff",
+                                    "message": f"back-off restarting failed container {c.plan.name}"}}
+    else:
+        out["state"] = {"running": {}}
+    if c.last_exit is not None:
+        out["lastState"] = {"terminated": {"exitCode": c.last_exit[0], "reason": "Error", "message": c.last_exit[1]}}
+    return out
 
 
 def _now() -> str:
@@ -164,7 +183,8 @@ class PodRunner:
         run = PodRun(meta["uid"], meta["namespace"], meta["name"], pod["status"]["podIP"], ns_name, veth)
         try:
             dirs = materialize(pod["spec"].get("volumes") or [], self._volumes_dir(run),
-                               lambda kind, name: self._volume_source(run.namespace, kind, name))  # fmt: skip
+                               lambda kind, name: self._volume_source(run.namespace, kind, name),
+                               init_mounted(pod["spec"]))  # fmt: skip
         except VolumeUnavailable as exc:  # not started; tried again at the next sync, as the kubelet retries
             if self._waiting.get(run.uid) != str(exc):
                 log.warning("pod %s/%s waits: %s", run.namespace, run.name, exc)
@@ -218,9 +238,16 @@ class PodRunner:
                                       preexec_fn=processes._die_with_parent)
 
     def _tend(self, run: PodRun) -> None:
-        """Start or restart exited containers (with back-off), probe readiness, report it."""
+        """Run init containers in order to completion, then start or restart exited containers (with
+        back-off), probe readiness, report it."""
         now = time.monotonic()
+        pending = next((c for c in run.containers if c.plan.init and not c.done), None)
+        if pending is not None:
+            self._tend_init(run, pending, now)
+            return
         for c in run.containers:
+            if c.plan.init:
+                continue
             if c.proc is not None and c.proc.poll() is not None:
                 log.warning("pod %s/%s container %s exited with %s", run.namespace, run.name, c.plan.name,
                             c.proc.returncode)
@@ -231,11 +258,39 @@ class PodRunner:
                 self._spawn(run, c)
             if c.proc is not None:
                 self._readiness(run, c, now)
-        if run.containers:
-            ready = all(c.ready for c in run.containers)
-            waiting = [c.plan.name for c in run.containers if not c.ready]
+        main = [c for c in run.containers if not c.plan.init]
+        if main:
+            ready = all(c.ready for c in main)
+            waiting = [c.plan.name for c in main if not c.ready]
             self._report(run, ready, "ContainersNotReady" if waiting else "", f"containers not ready: {waiting}"
                          if waiting else "")
+
+    def _tend_init(self, run: PodRun, c: Container, now: float) -> None:
+        """One init container: exit 0 lets the next step start; another exit is retried with back-off and
+        its log's tail becomes lastState.terminated.message (terminationMessagePolicy FallbackToLogsOnError)."""
+        if c.proc is not None and c.proc.poll() is not None:
+            code, c.proc = c.proc.returncode, None
+            if code == 0:
+                c.done = True
+                log.info("pod %s/%s init container %s completed", run.namespace, run.name, c.plan.name)
+            else:
+                c.restarts += 1
+                c.last_exit = (code, self._log_tail(run, c.plan.name))
+                c.start_after = now + RESTART_BACKOFF_S[min(c.restarts - 1, len(RESTART_BACKOFF_S) - 1)]
+                log.warning("pod %s/%s init container %s exited with %s", run.namespace, run.name, c.plan.name, code)
+        if not c.done and c.proc is None and now >= c.start_after:
+            self._spawn(run, c)
+        waiting = [x.plan.name for x in run.containers if x.plan.init and not x.done]
+        self._report(run, False, "ContainersNotInitialized", f"containers with incomplete status: {waiting}")
+
+    def _log_tail(self, run: PodRun, container: str) -> str:
+        try:
+            with open(self._log_path(run, container), "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - TERMINATION_MESSAGE_BYTES))
+                return f.read().decode(errors="replace").strip()
+        except OSError:
+            return ""
 
     def _readiness(self, run: PodRun, c: Container, now: float) -> None:
         """Probes run in threads; like the kubelet, one success makes a container ready and
@@ -256,7 +311,8 @@ class PodRunner:
             c.probing = self.probes.submit(_probe, f"http://{run.ip}:{probe.port}{probe.path}", probe.timeout_s)
 
     def _report(self, run: PodRun, ready: bool, reason: str, message: str) -> None:
-        state = (ready, reason, tuple((c.plan.name, c.ready, c.restarts) for c in run.containers))
+        state = (ready, reason, tuple((c.plan.name, c.ready, c.restarts, c.done, c.proc is None)
+                                      for c in run.containers))
         if state == run.reported:
             return
         now, flag = _now(), "True" if ready else "False"
@@ -266,7 +322,10 @@ class PodRunner:
         body: dict[str, Any] = {"status": {"conditions": conds}}
         if run.containers:
             body["status"]["containerStatuses"] = [
-                {"name": c.plan.name, "ready": c.ready, "restartCount": c.restarts} for c in run.containers]
+                {"name": c.plan.name, "ready": c.ready, "restartCount": c.restarts}
+                for c in run.containers if not c.plan.init]
+        if any(c.plan.init for c in run.containers):
+            body["status"]["initContainerStatuses"] = [_init_status(c) for c in run.containers if c.plan.init]
         try:
             self.api.request("PATCH", f"/api/v1/namespaces/{run.namespace}/pods/{run.name}/status", body,
                              content_type="application/strategic-merge-patch+json")

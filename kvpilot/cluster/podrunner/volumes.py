@@ -9,8 +9,11 @@ copy. Processes that build such paths at run time from pieces would not be rewri
 commands take every path as an argument. emptyDir mounts are scratch space and stay unmapped: the
 processes write where the path points on the host (so a host model path under a mount like /tmp
 still resolves); so do projected volumes (the service account token the API server adds to pods
-that do not opt out: no pod runner process talks to the API server). persistentVolumeClaim,
-hostPath and the rest are refused by name.
+that do not opt out: no pod runner process talks to the API server). Two exceptions, for the
+storage initializer (kvpilot/storage): an emptyDir that an init container mounts is how it hands
+files to the containers after it, so it gets a directory of the pod's own and is mapped like a
+configMap; a hostPath volume is mapped to its host path (created for DirectoryOrCreate).
+persistentVolumeClaim and the rest are refused by name.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-PASSED_BY = ("emptyDir", "projected")  # mounts left as host paths
-SUPPORTED = ("configMap", "secret", *PASSED_BY)
+PASSED_BY = ("emptyDir", "projected")  # mounts left as host paths (but an init container's emptyDir)
+SUPPORTED = ("configMap", "secret", "hostPath", *PASSED_BY)
 PROJECTED = ("configMap", "secret")  # written to the host and mapped; emptyDir is left as the host path
 
 
@@ -82,15 +85,36 @@ def projected_files(volume: Mapping[str, Any], source: Mapping[str, Any] | None)
     return out
 
 
+def init_mounted(pod_spec: Mapping[str, Any]) -> set[str]:
+    """Names of the volumes an init container mounts (what it writes there, the containers read)."""
+    return {m["name"] for c in pod_spec.get("initContainers") or () for m in c.get("volumeMounts") or ()}
+
+
 def materialize(
     volumes: Sequence[Mapping[str, Any]], root: Path, read: Callable[[str, str], Mapping[str, Any] | None],
+    shared: set[str] | frozenset[str] = frozenset(),
 ) -> dict[str, Path]:  # fmt: skip
     """Write the pod's configMap and secret volumes under `root` (one directory each); volume name ->
     directory. Files get the volume's modes (the runner's processes run as the user who owns them).
-    Other kinds are left out: `mount_table` passes emptyDir and projected mounts by and refuses the rest."""
+    emptyDirs named in `shared` (init_mounted) get an empty directory of their own; hostPath volumes
+    are their host path. Other kinds are left out: `mount_table` passes emptyDir and projected mounts
+    by and refuses the rest."""
     out: dict[str, Path] = {}
     for volume in volumes:
         kind, directory = volume_kind(volume), root / volume["name"]
+        if kind == "hostPath":
+            host = Path(str(volume["hostPath"]["path"]))
+            if volume["hostPath"].get("type") == "DirectoryOrCreate":
+                host.mkdir(parents=True, exist_ok=True)
+            elif not host.exists():
+                raise VolumeUnavailable(f'hostPath {host} does not exist (volume {volume["name"]!r})')
+            out[volume["name"]] = host
+            continue
+        if kind == "emptyDir" and volume["name"] in shared:
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir(parents=True)
+            out[volume["name"]] = directory
+            continue
         if kind not in PROJECTED:
             continue
         shutil.rmtree(directory, ignore_errors=True)
@@ -112,7 +136,7 @@ def mount_table(container: Mapping[str, Any], volumes: Sequence[Mapping[str, Any
     table = []
     for mount in container.get("volumeMounts") or []:
         name = mount["name"]
-        if kinds.get(name) in PASSED_BY:
+        if kinds.get(name) in PASSED_BY and name not in dirs:
             continue
         if name not in dirs:
             kind = kinds.get(name)

@@ -22,6 +22,8 @@ class Figures:
     fallbacks_per_request: float | None = None
     kv_cache_efficiency: float | None = None
     preemptions_per_request: float | None = None
+    gateway_requests: float | None = None  # requests the Gateway answered for this track's Service
+    gateway_errors: float | None = None  # ... of which 5xx (analysis/gateway.py)
 
 
 def _fmt(value: float | None) -> str:
@@ -63,15 +65,48 @@ def _efficiency_check(canary: Figures, stable: Figures, minimum: float) -> Check
                         stable.kv_cache_efficiency, minimum, upper=False)
 
 
+GATEWAY_CHECK = "gatewayErrorRate"
+
+
+def _gateway_rate(f: Figures) -> float | None:
+    """No 5xx series at all is no 5xx (exporters create a status code's series at its first request)."""
+    if f.gateway_requests is None or f.gateway_requests <= 0:
+        return None
+    return (f.gateway_errors or 0.0) / f.gateway_requests
+
+
+def _gateway_check(canary: Figures, stable: Figures, t: Thresholds, gateway: str) -> Check:
+    """5xx the Gateway answered for the canary's Service / every request it answered for it.
+
+    Judged on the gateway's own count (minRequests of them), not the engine's: a canary that
+    crashed or lost its endpoints serves nothing, so the engine sees too few requests to judge
+    while the gateway is answering 502/503 for it.
+    """
+    limit, rate, other = t.max_gateway_error_rate, _gateway_rate(canary), _gateway_rate(stable)
+    if not gateway:
+        return Check(GATEWAY_CHECK, None, None, limit, True, "gateway errors not checked: the operator runs without "
+                     "--gateway-metrics (or --gateway-requests-query/--gateway-errors-query)")
+    seen = canary.gateway_requests
+    if rate is None or seen is None or seen < t.min_requests:
+        return Check(GATEWAY_CHECK, rate, other, limit, None,
+                     f"gateway ({gateway}) 5xx rate: too few canary requests at the gateway ({_fmt(seen)}, need "
+                     f"{t.min_requests})")
+    ok = rate <= limit
+    return Check(GATEWAY_CHECK, rate, other, limit, ok,
+                 f"gateway ({gateway}) 5xx rate canary {rate:.4g} ({canary.gateway_errors or 0:.0f} of {seen:.0f}) "
+                 f"{'<=' if ok else '>'} {limit:g} (stable {_fmt(other)})")
+
+
 def _camel_upper(name: str) -> str:
     return name[0].upper() + name[1:]
 
 
-def checks_for(canary: Figures, stable: Figures, t: Thresholds) -> tuple[Check, ...]:
+def checks_for(canary: Figures, stable: Figures, t: Thresholds, gateway: str = "") -> tuple[Check, ...]:
     """Every metric check, in a fixed order (the order a breach is reported in)."""
     limit: Callable[..., Check] = _limit_check
     return (
         limit("errorRate", "error rate", canary.error_rate, stable.error_rate, t.max_error_rate),
+        _gateway_check(canary, stable, t, gateway),
         limit("restarts", "engine restarts", canary.restarts, stable.restarts, t.max_restarts),
         limit("oomEvents", "OOM events", canary.oom_events, stable.oom_events, t.max_restarts),
         _ratio_check("ttftP95Ratio", "P95 TTFT", canary.ttft_p95, stable.ttft_p95, t.max_ttft_p95_ratio),
@@ -89,13 +124,14 @@ VOLUME_INDEPENDENT = frozenset({"restarts", "oomEvents"})
 
 
 def judge(canary: Figures, stable: Figures, thresholds: Thresholds, window_s: float, at: str,
-          extra_checks: Sequence[Check] = ()) -> AnalysisResult:
+          extra_checks: Sequence[Check] = (), gateway: str = "") -> AnalysisResult:
     """fail on a breached check; else inconclusive on too little traffic or a missing figure; else pass.
 
     A breach outranks missing data (an error rate over the limit fails even if TPOT had no samples).
-    With too few requests on either track only restarts, OOM events and `extra_checks` (the
-    probe-set accuracy check, which does not depend on traffic) can fail: rates and ratios over a
-    handful of requests are noise, so they make the analysis inconclusive instead.
+    With too few requests on either track only restarts, OOM events, the gateway's 5xx rate (judged
+    on its own request count) and `extra_checks` (the probe-set accuracy check, which does not
+    depend on traffic) can fail: rates and ratios over a handful of requests are noise, so they
+    make the analysis inconclusive instead. `gateway` names the gateway metrics (empty: none).
     """
     t = thresholds
     enough = (canary.requests is not None and stable.requests is not None
@@ -103,8 +139,9 @@ def judge(canary: Figures, stable: Figures, thresholds: Thresholds, window_s: fl
     volume_text = (f"requests in the {window_s:g} s window: canary {_fmt(canary.requests)}, "
                    f"stable {_fmt(stable.requests)}, need {t.min_requests} on each track")
     volume = Check("requests", canary.requests, stable.requests, t.min_requests, True if enough else None, volume_text)
-    metric_checks = checks_for(canary, stable, t)
-    decisive = [c for c in metric_checks if enough or c.name in VOLUME_INDEPENDENT] + list(extra_checks)
+    metric_checks = checks_for(canary, stable, t, gateway)
+    decisive = [c for c in metric_checks if enough or c.name in VOLUME_INDEPENDENT
+                or (c.name == GATEWAY_CHECK and c.ok is False)] + list(extra_checks)
     checks = (volume, *metric_checks, *extra_checks)
     failed = [c for c in decisive if c.ok is False]
     if failed:

@@ -1,4 +1,6 @@
-"""The accuracy gate: a probe set scored with `POST /v1/score` on both tracks.
+"""The accuracy gate: a probe set scored on both tracks, with `POST /v1/score` where both tracks
+have it (kvpilot's engine), else with `/v1/completions` echo + logprobs on both (any
+OpenAI-compatible server: vLLM, SGLang, ...; echo_scoring.py).
 
 Probe-set format (docs/rollout.md): a ConfigMap in the InferenceService's namespace, named by
 `spec.canary.analysis.probeSet`, whose data key `probes.jsonl` holds one JSON object per line,
@@ -23,6 +25,7 @@ from typing import Any, Protocol
 import httpx
 
 from kvpilot.operator.analysis.api_key import read_api_key
+from kvpilot.operator.analysis.echo_scoring import EchoScoringError, echo_score
 from kvpilot.operator.analysis.result import Check
 
 ACCURACY_CHECK = "accuracyDelta"
@@ -31,6 +34,8 @@ MAX_PROBES = 500
 ENGINE_PORT = 8000
 SCORE_TIMEOUT_S = 60.0
 FORMAT = 'one JSON object per line: {"prompt": "...", "continuation": "..."}'
+SCORE = "score"  # POST /v1/score (kvpilot)
+ECHO = "echo"  # POST /v1/completions with echo + logprobs (any OpenAI-compatible server)
 
 
 class ProbeSetError(ValueError):
@@ -128,11 +133,19 @@ class GatewayPins:
         if route is None:
             raise ScoringError(f"no HTTPRoute {namespace}/{route_name(service)} to read the {track} pin from")
         backend = service if track == "stable" else f"{service}-{track}"
+        pins = []  # (header count, headers) of single-backend rules to this track: the pin has the most
         for rule in route.get("spec", {}).get("rules", []):
             refs = rule.get("backendRefs", [])
-            headers = [h for m in rule.get("matches", []) for h in m.get("headers", [])]
-            if headers and len(refs) == 1 and refs[0].get("name") == backend:
-                return Endpoint(self.url, {headers[0]["name"]: headers[0]["value"]})
+            for match in rule.get("matches", []):
+                headers = {h["name"]: h["value"] for h in match.get("headers") or []}
+                if headers and len(refs) == 1 and refs[0].get("name") == backend:
+                    pins.append((len(headers), headers))
+        hosts = route.get("spec", {}).get("hostnames") or []
+        if pins:  # a shared Gateway's route also needs its model header (in the pin) and one of its hosts
+            headers = max(pins, key=lambda p: p[0])[1]
+            if hosts and not hosts[0].startswith("*."):
+                headers = {**headers, "Host": hosts[0]}
+            return Endpoint(self.url, headers)
         raise ScoringError(f"HTTPRoute {namespace}/{route_name(service)} has no header pin for the {track} track "
                            f"(Service {backend}); probes through the Gateway need one")
 
@@ -170,9 +183,14 @@ def mean_loglik(scores: Sequence[tuple[float, int]]) -> float:
     return math.fsum(s for s, _ in scores) / tokens
 
 
+class ScoreRouteMissing(ScoringError):
+    """The track has no /v1/score (not a kvpilot engine, or its score route is off): use echo."""
+
+
 def score_track(endpoint: Endpoint, probes: Sequence[Probe], timeout_s: float = SCORE_TIMEOUT_S,
-                api_key: str | None = None) -> float:
-    """Mean log-likelihood per token of the probes on one track (its served model name from /v1/models)."""
+                api_key: str | None = None, method: str = SCORE) -> float:
+    """Mean log-likelihood per token of the probes on one track (its served model name from /v1/models),
+    by `method`: SCORE (raises ScoreRouteMissing on a 404 or 405) or ECHO."""
     headers = dict(endpoint.headers)
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
@@ -186,8 +204,16 @@ def score_track(endpoint: Endpoint, probes: Sequence[Probe], timeout_s: float = 
             model = models.json()["data"][0]["id"]
             scores = []
             for probe in probes:
+                if method == ECHO:
+                    try:
+                        scores.append(echo_score(client, model, probe.prompt, probe.continuation))
+                    except EchoScoringError as exc:
+                        raise ScoringError(f"{endpoint.url}: {exc}") from None
+                    continue
                 response = client.post("/v1/score", json={"model": model, "prompt": probe.prompt,
                                                           "continuation": probe.continuation})
+                if response.status_code in (404, 405):
+                    raise ScoreRouteMissing(f"{endpoint.url} has no /v1/score (HTTP {response.status_code})")
                 if response.status_code != 200:
                     raise ScoringError(f"{endpoint.url}/v1/score answered HTTP {response.status_code}: "
                                        f"{response.text[:300]}")
@@ -217,6 +243,18 @@ def accuracy_check(kube: Any, namespace: str, service: str, thresholds: Any, url
         raise ProbeSetError("spec.canary.analysis.probeSet is not set: there is no probe set to score")
     probes = load_probe_set(kube, namespace, thresholds.probe_set)
     api_key = read_api_key(kube, namespace, api_key_secret) if api_key_secret else None
-    canary = score_track(urls.endpoint(kube, namespace, service, "canary"), probes, api_key=api_key)
-    stable = score_track(urls.endpoint(kube, namespace, service, "stable"), probes, api_key=api_key)
+    canary, stable = score_both(urls.endpoint(kube, namespace, service, "canary"),
+                                urls.endpoint(kube, namespace, service, "stable"), probes, api_key)
     return accuracy_from_scores(canary, stable, thresholds.max_accuracy_delta, len(probes))
+
+
+def score_both(canary: Endpoint, stable: Endpoint, probes: Sequence[Probe],
+               api_key: str | None = None) -> tuple[float, float]:
+    """(canary, stable) scores by one method: /v1/score when both tracks serve it, else echo on both
+    (a probe tokenised as one text may split unlike /v1/score's two parts: mixing would bias the delta)."""
+    try:
+        return (score_track(canary, probes, api_key=api_key, method=SCORE),
+                score_track(stable, probes, api_key=api_key, method=SCORE))
+    except ScoreRouteMissing:
+        return (score_track(canary, probes, api_key=api_key, method=ECHO),
+                score_track(stable, probes, api_key=api_key, method=ECHO))

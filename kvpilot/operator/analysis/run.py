@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from kvpilot import promql
+from kvpilot.operator.analysis.gateway import GatewayQueries
 from kvpilot.operator.analysis.judge import Figures, inconclusive, judge
 from kvpilot.operator.analysis.provider import MetricProvider, ProviderUnavailable
 from kvpilot.operator.analysis.result import AnalysisResult, Check
@@ -40,18 +41,33 @@ def queries(namespace: str, service: str, track: str, window_s: float) -> dict[s
     }
 
 
+def gateway_queries_for(gateway: GatewayQueries | None, namespace: str, service: str, track: str,
+                        window_s: float) -> dict[str, str]:
+    if gateway is None:
+        return {}
+    requests, errors = gateway.render(namespace, service, track, window(window_s))
+    return {"gateway_requests": requests, "gateway_errors": errors}
+
+
 def figures(provider: MetricProvider, namespace: str, service: str, track: str, window_s: float,
-            at: float | None = None) -> Figures:
-    return Figures(**{field: provider.query(q, at) for field, q in queries(namespace, service, track, window_s).items()})
+            at: float | None = None, gateway: GatewayQueries | None = None) -> Figures:
+    wanted = {**queries(namespace, service, track, window_s),
+              **gateway_queries_for(gateway, namespace, service, track, window_s)}
+    return Figures(**{field: provider.query(q, at) for field, q in wanted.items()})
 
 
 def analyse(provider: MetricProvider, namespace: str, service: str, window_s: float, thresholds: Thresholds,
-            now: datetime | None = None, extra_checks: Sequence[Check] = ()) -> AnalysisResult:
-    """Canary against stable over the `window_s` seconds before `now`; an unreachable provider is inconclusive."""
+            now: datetime | None = None, extra_checks: Sequence[Check] = (),
+            gateway: GatewayQueries | None = None) -> AnalysisResult:
+    """Canary against stable over the `window_s` seconds before `now`; an unreachable provider is inconclusive.
+
+    `gateway`: the Gateway's request and 5xx queries (analysis/gateway.py); None leaves that check off.
+    """
     now = now or datetime.now(UTC)
     at = rfc3339(now)
     try:
-        canary, stable = (figures(provider, namespace, service, track, window_s, now.timestamp()) for track in TRACKS)
+        canary, stable = (figures(provider, namespace, service, track, window_s, now.timestamp(), gateway)
+                          for track in TRACKS)
     except ProviderUnavailable as exc:
         return inconclusive("ProviderUnavailable", f"metrics unavailable, not promoting: {exc}", window_s, at)
-    return judge(canary, stable, thresholds, window_s, at, extra_checks)
+    return judge(canary, stable, thresholds, window_s, at, extra_checks, gateway.source if gateway else "")

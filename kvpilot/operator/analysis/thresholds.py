@@ -6,6 +6,7 @@
 | maxTtftP95Ratio | 1.5 | P95 time to first token, canary / stable |
 | maxTpotP95Ratio | 1.5 | P95 time per output token, canary / stable |
 | maxErrorRate | 0.01 | failed / (finished + failed) |
+| maxGatewayErrorRate | 0.01 | 5xx the Gateway answered for the canary's Service / all it answered for it (with gateway metrics) |
 | maxRestarts | 0 | engine restarts in the window; also the limit for OOM events |
 | maxFallbackRate | 0.05 | runtime-validation fallbacks per request |
 | minKvCacheEfficiency | 0.5 | live / allocated KV token slots over the window (all canary pods); 0 turns the check off |
@@ -31,6 +32,7 @@ class Thresholds:
     max_ttft_p95_ratio: float = 1.5
     max_tpot_p95_ratio: float = 1.5
     max_error_rate: float = 0.01
+    max_gateway_error_rate: float = 0.01
     max_restarts: int = 0
     max_fallback_rate: float = 0.05
     min_kv_cache_efficiency: float = 0.5
@@ -46,7 +48,7 @@ def _camel(name: str) -> str:
 
 
 SPEC_FIELDS = {_camel(f.name): f.name for f in fields(Thresholds)}  # minRequests -> min_requests, ...
-RATIOS_0_1 = {"max_error_rate", "min_kv_cache_efficiency"}
+RATIOS_0_1 = {"max_error_rate", "max_gateway_error_rate", "min_kv_cache_efficiency"}
 
 
 def thresholds_from_spec(analysis: Mapping[str, Any] | None) -> Thresholds:

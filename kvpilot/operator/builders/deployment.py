@@ -5,12 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import kvpilot.operator.builders.model_init as model_init
 import kvpilot.operator.builders.security as security
 from kvpilot.operator import constants as c
 from kvpilot.operator.builders.calibration import calibration_mount, calibration_volume
 from kvpilot.operator.builders.common import deployment_name, labels, metadata
 from kvpilot.operator.builders.engine_args import engine_args, pvc_claim
+from kvpilot.operator.builders.pod_template import apply_pod_overrides, gpu_node_selector, gpu_tolerations
 from kvpilot.operator.spec import ServiceSpec
+from kvpilot.operator.startup_budget import progress_deadline_seconds
 from kvpilot.planner import CapacityPlan
 
 STARTUP_PROBE_SECONDS = 1800  # weights load + warm-up + Triton autotuning before /health answers
@@ -21,15 +24,17 @@ def build_deployment(owner: Mapping[str, Any], spec: ServiceSpec, plan: Capacity
     """`<name>-<track>`: surge one pod at a time so serving capacity never drops during a rollout."""
     name = owner["metadata"]["name"]
     pod_labels = {**labels(name, "engine", track), c.LABEL_STRATEGY: plan.strategy}
+    selector = {c.LABEL_SERVICE: name, c.LABEL_TRACK: track}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": metadata(owner, deployment_name(name, track), "engine", track),
         "spec": {
             "replicas": spec.replicas,
-            "selector": {"matchLabels": {c.LABEL_SERVICE: name, c.LABEL_TRACK: track}},
+            "progressDeadlineSeconds": progress_deadline_seconds(plan, STARTUP_PROBE_SECONDS + model_init.fetch_seconds(spec, plan)),
+            "selector": {"matchLabels": selector},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-            "template": {
+            "template": apply_pod_overrides({  # spec.pod, spec.resources.requests/limits (pod_template.py)
                 "metadata": {
                     "labels": pod_labels,
                     "annotations": {
@@ -39,7 +44,7 @@ def build_deployment(owner: Mapping[str, Any], spec: ServiceSpec, plan: Capacity
                     },
                 },
                 "spec": _pod_spec(spec, plan, name),
-            },
+            }, spec, selector),
         },
     }
 
@@ -50,6 +55,7 @@ def _pod_spec(spec: ServiceSpec, plan: CapacityPlan, served_name: str) -> dict[s
     if claim:
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
     volumes += security.writable_volumes("engine") + security.writable_volumes("sidecar")
+    volumes += model_init.pod_volumes(spec)  # oci://, s3://, hf://: the fetched model's volume (cache or emptyDir)
     if spec.engine.api_key_secret:
         volumes.append(security.api_key_volume(spec.engine.api_key_secret))
     if spec.strategy.active_calibration:
@@ -57,10 +63,11 @@ def _pod_spec(spec: ServiceSpec, plan: CapacityPlan, served_name: str) -> dict[s
     return {
         "securityContext": security.pod_security_context(),
         "automountServiceAccountToken": False,  # neither container talks to the API server
-        "nodeSelector": {c.GPU_PRODUCT_LABEL: spec.gpu_product},
-        "tolerations": [{"key": c.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        "nodeSelector": gpu_node_selector(spec),  # the GPU product label (configurable) and spec.pod's
+        "tolerations": gpu_tolerations(spec),
         # the engine stops admitting on SIGTERM and finishes its streams within this window
         "terminationGracePeriodSeconds": spec.engine.termination_grace_period_seconds,
+        **model_init.init_containers(spec),  # storage-init: fetch + verify the lineage digest before the engine
         "containers": [_engine(spec, plan, bool(claim), served_name), _sidecar(spec)],
         "volumes": volumes,
     }
@@ -70,6 +77,7 @@ def _engine(spec: ServiceSpec, plan: CapacityPlan, with_model_volume: bool, serv
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, *security.writable_mounts("engine")]
     if with_model_volume:
         mounts.append({"name": "model", "mountPath": c.MODEL_MOUNT, "readOnly": True})
+    mounts += model_init.engine_mounts(spec)
     if spec.engine.api_key_secret:
         mounts.append(security.api_key_mount())
     if spec.strategy.active_calibration:

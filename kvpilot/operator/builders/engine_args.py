@@ -7,6 +7,7 @@ from kvpilot.operator.builders.calibration import conversion_flags
 from kvpilot.operator.builders.security import API_KEY_FILE
 from kvpilot.operator.spec import ServiceSpec, StrategySpec
 from kvpilot.planner import CapacityPlan
+from kvpilot.storage.uri import FORMS, BadModelUri, is_remote, parse
 
 
 class UnsupportedModelUri(ValueError):
@@ -22,7 +23,13 @@ def model_path(uri: str) -> str:
         return uri.removeprefix("file://")
     if uri.startswith("/"):
         return uri
-    raise UnsupportedModelUri(f"model.uri {uri!r}: use pvc://<claim>/<dir>, file:///<dir> or /<dir>")
+    if is_remote(uri):  # fetched by the storage initializer into the volume mounted here (model_init.py)
+        try:
+            parse(uri)
+        except BadModelUri as exc:
+            raise UnsupportedModelUri(str(exc)) from None
+        return c.MODEL_MOUNT
+    raise UnsupportedModelUri(f"model.uri {uri!r}: use pvc://<claim>/<dir>, file:///<dir>, /<dir>, {FORMS}")
 
 
 def pvc_claim(uri: str) -> str | None:

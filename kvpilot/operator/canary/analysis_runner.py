@@ -56,7 +56,8 @@ def _analyse(kube: Kube, body: Mapping[str, Any], request: RunAnalysis, options:
         extra = (_accuracy(kube, namespace, name, thresholds, options, spec.engine.api_key_secret),)
     provider = provider_for(options.provider, url=options.prometheus_url)
     try:
-        return analyse(provider, namespace, name, window_s, thresholds, now, extra_checks=extra)
+        return analyse(provider, namespace, name, window_s, thresholds, now, extra_checks=extra,
+                       gateway=options.gateway_queries)
     finally:
         close = getattr(provider, "close", None)
         if close is not None:

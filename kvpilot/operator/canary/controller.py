@@ -16,6 +16,7 @@ from kvpilot.operator import constants as c
 from kvpilot.operator import rollout_metrics as metrics
 from kvpilot.operator.canary.analysis_runner import run_analysis
 from kvpilot.operator.canary.apply import apply_action
+from kvpilot.operator.canary.locks import object_lock
 from kvpilot.operator.canary.observe import Observation, observe
 from kvpilot.operator.conditions import Condition
 from kvpilot.operator.kube import object_path
@@ -24,6 +25,7 @@ from kvpilot.operator.reconciler import Context
 from kvpilot.operator.rollout import CanaryStatus, Decision, RunAnalysis, decide
 from kvpilot.operator.rollout import phases as p
 from kvpilot.operator.rollout.state import Verdict
+from kvpilot.operator.routing.httproute import build_httproute, route_name, route_path
 from kvpilot.operator.status import with_conditions
 from kvpilot.operator.status_writer import write_status
 
@@ -33,14 +35,8 @@ MAX_ROUNDS = 8  # decisions per tick before handing back (each one a real transi
 Analyser = Callable[[Mapping[str, Any], RunAnalysis, datetime.datetime], Verdict]
 Clock = Callable[[], datetime.datetime]
 
-_locks: dict[tuple[str, str], threading.Lock] = {}
-_locks_guard = threading.Lock()
 _analysing: set[tuple[str, str]] = set()  # objects with an analysis in flight (one at a time each)
-
-
-def _lock(namespace: str, name: str) -> threading.Lock:
-    with _locks_guard:
-        return _locks.setdefault((namespace, name), threading.Lock())
+_analysing_guard = threading.Lock()
 
 
 def utc_now() -> datetime.datetime:
@@ -56,14 +52,14 @@ def tick(ctx: Context, namespace: str, name: str, options: Options, *, clock: Cl
     analyser = analyser or default_analyser
     result: Verdict | None = None
     for _ in range(MAX_ROUNDS):
-        with _lock(namespace, name):
+        with object_lock(namespace, name):
             body = ctx.kube.get(object_path(c.API_VERSION, c.KIND, namespace, name))
             if body is None:
                 return None
             status, request = _advance(ctx, body, options, clock, result)
         if request is None:
             return status
-        with _locks_guard:
+        with _analysing_guard:
             if (namespace, name) in _analysing:  # another tick is judging this step already
                 return status
             _analysing.add((namespace, name))
@@ -71,9 +67,9 @@ def tick(ctx: Context, namespace: str, name: str, options: Options, *, clock: Cl
         try:
             result = analyser(body, request, clock())  # the slow part, with the lock released
         finally:
-            with _locks_guard:
+            with _analysing_guard:
                 _analysing.discard((namespace, name))
-        with _lock(namespace, name):
+        with object_lock(namespace, name):
             fresh = ctx.kube.get(object_path(c.API_VERSION, c.KIND, namespace, name))
             now_status = CanaryStatus.from_dict(((fresh or {}).get("status") or {}).get("canary"))
         if now_status.phase != p.ANALYSING or (now_status.spec_hash, now_status.step,
@@ -100,10 +96,30 @@ def _advance(ctx: Context, body: dict[str, Any], options: Options, clock: Clock,
         settled = decision.status == status
         status = decision.status
         if request is not None or settled:
+            _refresh_route(ctx, body, obs, status)
             _record_metrics(meta["namespace"], meta["name"], status)
             return status, request
     _record_metrics(meta["namespace"], meta["name"], status)
     return status, None
+
+
+def _refresh_route(ctx: Context, body: Mapping[str, Any], obs: Observation, status: CanaryStatus) -> None:
+    """A spec.route edit (hostnames, model header, Gateway) mid-rollout: the route follows at once
+    with the weight it holds, instead of at the next step."""
+    if status.phase not in p.ACTIVE or obs.target is None or obs.router is None:
+        return
+    wanted = build_httproute(body, obs.target, status.weight)["spec"]
+    live = ctx.kube.get(route_path(body["metadata"]["namespace"], route_name(body["metadata"]["name"])))
+    if live is None:
+        return  # nothing routed yet: the machine's first SetWeight creates it
+    have = live.get("spec") or {}
+    if (have.get("hostnames") or [], have.get("parentRefs"), _matches(have)) != (
+            wanted.get("hostnames") or [], wanted["parentRefs"], _matches(wanted)):
+        obs.router.set_weight(ctx.kube, body, obs.target, status.weight)
+
+
+def _matches(route_spec: Mapping[str, Any]) -> list[Any]:
+    return [[m.get("headers") or [] for m in r.get("matches") or []] for r in route_spec.get("rules") or []]
 
 
 def _conditions_stale(body: Mapping[str, Any], obs: Observation, decision: Decision) -> bool:

@@ -11,8 +11,11 @@ from kvpilot.operator.builders.common import deployment_name, lineage_name
 from kvpilot.operator.builders.engine_args import UnsupportedModelUri, engine_args
 from kvpilot.operator.builders.lineage import read_lineage
 from kvpilot.operator.calibration import CalibrationUnavailable, check_calibration
+from kvpilot.operator.canary.route import route_target
+from kvpilot.operator.constants import LABEL_SERVICE, LABEL_TRACK
 from kvpilot.operator.kube import Kube, object_path
 from kvpilot.operator.model_config import ModelConfigUnavailable, load_model_config
+from kvpilot.operator.pod_blockers import TrackHealth, track_health
 from kvpilot.operator.preflight import preflight
 from kvpilot.operator.rollout import CanaryStatus, RolloutSpec, World
 from kvpilot.operator.rollout import phases as p
@@ -58,6 +61,7 @@ def observe(kube: Kube, body: Mapping[str, Any], status: CanaryStatus, options: 
         replicas=max(1, spec.replicas), strategy=plan.strategy if plan else "",
     )
     target, router, router_ok = _router(kube, body, options, (canary, plan))
+    health = _canary_health(kube, namespace, name, status)
     world = World(
         canary_feasible=not problem,
         canary_message=problem,
@@ -66,8 +70,21 @@ def observe(kube: Kube, body: Mapping[str, Any], status: CanaryStatus, options: 
         router_message=router_ok[2],
         stable_promoted=_stable_promoted(kube, namespace, name, status, canary, plan),
         has_previous=_has_previous(kube, namespace, name) if wants_previous else True,
+        canary_restarts=health.restarts if health else -1,
+        canary_problem=health.problem if health and status.step_started_at is not None else "",
+        canary_ready_pods=health.ready if health else None,
+        canary_unready_pods=health.unready if health else (),
     )
     return Observation(rspec, world, canary, plan, target, router, router_ok)
+
+
+def _canary_health(kube: Kube, namespace: str, name: str, status: CanaryStatus) -> TrackHealth | None:
+    """The canary pods' restarts and problems while the canary has (or is about to get) traffic."""
+    if status.phase not in (p.PROGRESSING, p.ANALYSING, p.PAUSED):
+        return None
+    selector = f"{LABEL_SERVICE}={name},{LABEL_TRACK}=canary"
+    found = kube.request("GET", f"/api/v1/namespaces/{namespace}/pods", params={"labelSelector": selector})
+    return track_health(found.get("items") or [])
 
 
 def _plan(kube: Kube, namespace: str, canary: ServiceSpec) -> tuple[CapacityPlan | None, str]:
@@ -88,22 +105,16 @@ def _router(kube: Kube, body: Mapping[str, Any], options: opts.Options,
                                                                             tuple[bool, str, str]]:
     router = router_for(options.router)
     ok = router.available(kube)
-    meta = body["metadata"]
-    spec_canary = canary[0].canary if canary else None
-    gateway = (spec_canary.gateway if spec_canary else None) or options.gateway
-    if gateway is None:
-        return None, router, (False, "NoGateway", "no Gateway to attach the HTTPRoute to: set spec.canary.gateway "
-                              "or start the operator with --gateway NAME[/NAMESPACE]")
-    if not ok[0]:
-        return None, router, ok
-    header = spec_canary.header if spec_canary else opts.DEFAULT_HEADER
     canary_pin = canary[1].strategy if canary and canary[1] else ""
     stable_pin = str((body.get("status") or {}).get("strategy") or "")
     if not canary_pin or canary_pin == stable_pin:  # same strategy, new weights: pin by track name
         canary_pin, stable_pin = "canary", "stable"
-    target = RouteTarget(gateway_name=gateway.name, gateway_namespace=gateway.namespace,
-                         stable_service=meta["name"], canary_service=deployment_name(meta["name"], "canary"),
-                         header_name=header, canary_header_value=canary_pin, stable_header_value=stable_pin)
+    target = route_target(body, options, (canary_pin, stable_pin))
+    if target is None:
+        return None, router, (False, "NoGateway", "no Gateway to attach the HTTPRoute to: set spec.route.gateway "
+                              "(or spec.canary.gateway) or start the operator with --gateway NAME[/NAMESPACE]")
+    if not ok[0]:
+        return None, router, ok
     return target, router, ok
 
 

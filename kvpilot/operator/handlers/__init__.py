@@ -5,6 +5,6 @@ rollback flag moves traffic before anything slower happens.
 """
 
 from kvpilot.operator.handlers import rollout  # noqa: I001  (registration order matters)
-from kvpilot.operator.handlers import deployments, reconcile, startup
+from kvpilot.operator.handlers import autoscaling, deployments, pods, reconcile, startup
 
-__all__ = ["deployments", "reconcile", "rollout", "startup"]
+__all__ = ["autoscaling", "deployments", "pods", "reconcile", "rollout", "startup"]

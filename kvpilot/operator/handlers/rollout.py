@@ -15,6 +15,7 @@ from kvpilot.operator import options
 from kvpilot.operator import rollout_metrics as metrics
 from kvpilot.operator.canary.apply import ActionFailed
 from kvpilot.operator.canary.controller import tick
+from kvpilot.operator.canary.gpu_check import GpusUnavailable
 from kvpilot.operator.handlers.context import context_for
 from kvpilot.operator.kube import KubeError
 from kvpilot.operator.rollout import phases
@@ -37,6 +38,9 @@ def run_tick(handler: str, body: kopf.Body, logger: logging.Logger) -> None:
     meta = body["metadata"]
     try:
         status = tick(context_for(body), meta["namespace"], meta["name"], options.current())
+    except GpusUnavailable as exc:  # a canary waiting for GPUs (condition CanaryGPUs): the next tick retries,
+        logger.info(f"rollout: {exc}")  # no error Event every few seconds while it waits
+        return
     except (KubeError, RouterUnavailable, StatusConflict, ActionFailed) as exc:
         metrics.RECONCILE_ERRORS.labels(handler).inc()
         raise kopf.TemporaryError(f"rollout: {exc}", delay=2) from None
@@ -73,6 +77,7 @@ def waiting_out_a_step(body: Mapping[str, Any], now: datetime.datetime) -> bool:
 @kopf.timer(c.GROUP, c.VERSION, c.PLURAL, interval=options.current().tick_s, when=needs_ticks)
 def rollout_timer(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
     if waiting_out_a_step(body, datetime.datetime.now(datetime.UTC)):
+        synthetic_load(body, logger)  # spec.canary.analysis.syntheticLoad: fill the step's window
         return
     run_tick("rollout_timer", body, logger)
 
@@ -104,3 +109,18 @@ def annotation_pending(meta: kopf.Meta, status: kopf.Status, **_: Any) -> bool:
 def rollout_annotation(body: kopf.Body, type: str | None, logger: logging.Logger, **_: Any) -> None:
     if type != "DELETED":
         run_tick("rollout_annotation", body, logger)
+
+
+def synthetic_load(body: kopf.Body, logger: logging.Logger) -> None:
+    """Low-traffic services: the probe set's prompts to both tracks during a step (analysis/synthetic_load.py)."""
+    from kvpilot.operator.analysis.probes import ProbeSetError, ScoringError, track_urls
+    from kvpilot.operator.analysis.synthetic_load import SyntheticLoadError, during_step
+
+    try:
+        sent = during_step(context_for(body).kube, body, track_urls(options.current()), options.current().tick_s)
+    except (SyntheticLoadError, ProbeSetError, ScoringError, KubeError) as exc:
+        logger.warning("synthetic load not sent: %s", exc)
+        return
+    failed = {track: sum(1 for code in codes if code != 200) for track, codes in sent.items()}
+    if any(failed.values()):
+        logger.warning("synthetic load: requests not answered 200 per track: %s", failed)

@@ -48,10 +48,42 @@ def decide(status: CanaryStatus, spec: RolloutSpec, result: Verdict | None, now:
             return _roll_back(status, "Aborted", "aborted by the kvpilot.io/abort annotation")
     if not same:
         return _new_canary(status, spec, now, world)
+    crash = _crash(status, world)
+    if crash:
+        return _roll_back(status, "CanaryCrashed", f"the canary crashed at step {status.step} "
+                          f"({status.weight}%): {crash}; rolled back at once, not at the window's end")
     handler = _HANDLERS.get(status.phase)
     if handler is None:
         return Decision(status)
-    return handler(status, spec, result, now, world)
+    return _remember_ready(handler(status, spec, result, now, world), world)
+
+
+def _remember_ready(decision: Decision, world: World) -> Decision:
+    """Record which canary pods are ready while it carries traffic: one of them going unready later
+    is a crash; a pod that was never ready (a new one of a growing canary) is only starting."""
+    status = decision.status
+    if (world.canary_ready_pods is None or status.step_started_at is None
+            or status.phase not in (p.PROGRESSING, p.ANALYSING, p.PAUSED)):
+        return decision
+    ready = tuple(sorted(world.canary_ready_pods))
+    if ready == status.ready_pods:
+        return decision
+    return Decision(status.with_(ready_pods=ready), decision.actions)
+
+
+def _crash(status: CanaryStatus, world: World) -> str:
+    """What is wrong with a canary that carries (or is about to carry) traffic; empty when nothing."""
+    if status.phase not in (p.PROGRESSING, p.ANALYSING, p.PAUSED) or status.step_started_at is None:
+        return ""
+    if world.canary_problem:
+        return world.canary_problem
+    gone = [pod for pod in status.ready_pods if pod in world.canary_unready_pods]
+    if gone:
+        return f"pod(s) {', '.join(gone)} went unready after serving (readiness probe failing)"
+    if world.canary_restarts > status.restarts_at_start >= 0:
+        return (f"its containers restarted {world.canary_restarts - status.restarts_at_start} time(s) "
+                "since its first step")
+    return ""
 
 
 def _no_canary(status: CanaryStatus, spec: RolloutSpec, now: datetime.datetime, world: World) -> Decision:
@@ -129,7 +161,8 @@ def _start_step(status: CanaryStatus, spec: RolloutSpec, now: datetime.datetime,
     if not world.router_available:
         return _wait(status, "TrafficSplitUnavailable", world.router_message or "traffic splitting is unavailable")
     weight = spec.steps[status.step]
-    new = status.with_(weight=weight, step_started_at=rfc3339(now), reason="StepStarted",
+    baseline = world.canary_restarts if status.restarts_at_start < 0 else status.restarts_at_start
+    new = status.with_(weight=weight, step_started_at=rfc3339(now), reason="StepStarted", restarts_at_start=baseline,
                        message=f"step {status.step}: {weight}% of traffic to the canary")
     return Decision(new, (SetWeight(weight), Event("Normal", "StepStarted", new.message)))
 

@@ -47,11 +47,16 @@ class World:
     router_message: str = ""
     stable_promoted: bool = True  # the stable Deployment runs the promoted configuration, all ready
     has_previous: bool = True  # the lineage holds a previous stable to roll back to
+    canary_restarts: int = -1  # container restarts of the canary's pods now (-1: not looked at)
+    canary_problem: str = ""  # a canary pod crash-looping or exited (empty: healthy)
+    canary_ready_pods: tuple[str, ...] | None = None  # canary pods ready now (None: not looked at)
+    canary_unready_pods: tuple[str, ...] = ()  # ... and not ready (starting, or gone unready)
 
 
 _KEYS = {"phase": "phase", "spec_hash": "specHash", "step": "step", "weight": "weight",
          "step_started_at": "stepStartedAt", "started_at": "startedAt", "failures": "failures",
-         "reason": "reason", "message": "message", "promoted": "promoted"}
+         "reason": "reason", "message": "message", "promoted": "promoted",
+         "restarts_at_start": "restartsAtStart", "ready_pods": "readyPods"}
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,8 @@ class CanaryStatus:
     reason: str = ""
     message: str = ""
     promoted: bool = False  # the Promote action was applied for this spec hash
+    restarts_at_start: int = -1  # the canary's container restarts when its first step began (-1: unknown)
+    ready_pods: tuple[str, ...] = ()  # canary pods seen ready while it carried traffic (one going unready: a crash)
     extra: Mapping[str, Any] = field(default_factory=dict)  # fields the machine does not own
 
     @classmethod
@@ -79,6 +86,8 @@ class CanaryStatus:
             if key in raw:
                 values[attr] = raw.pop(key)
         analyses = tuple(dict(a) for a in raw.pop("analyses", None) or ())
+        if "ready_pods" in values:
+            values["ready_pods"] = tuple(values["ready_pods"] or ())
         return cls(**values, analyses=analyses, extra=raw)
 
     def to_dict(self) -> dict[str, Any]:
@@ -86,6 +95,7 @@ class CanaryStatus:
         for attr, key in _KEYS.items():
             out[key] = getattr(self, attr)
         out["analyses"] = [dict(a) for a in self.analyses]
+        out["readyPods"] = list(self.ready_pods)
         return out
 
     def with_(self, **changes: Any) -> CanaryStatus:

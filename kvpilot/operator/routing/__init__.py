@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from kvpilot.operator.routing import httproute  # noqa: F401  (registers "gateway-api")
+from kvpilot.operator.routing import (
+    httproute,  # noqa: F401  (registers "gateway-api")
+    inferencepool,  # noqa: F401  (registers "inference-pool")
+)
 from kvpilot.operator.routing.base import (
     DEFAULT_ROUTER,
     Router,

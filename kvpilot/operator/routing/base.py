@@ -25,7 +25,8 @@ class RouteTarget:
 
     A request whose `header_name` equals `canary_header_value` goes to canary only, one with
     `stable_header_value` to stable only (internal testers pin either track; an empty value
-    means no pin for that track); every other request is split by weight.
+    means no pin for that track); every other request is split by weight. With `hostnames` and/or
+    `model_header`, every rule also requires them, so several services share one Gateway.
     """
 
     gateway_name: str
@@ -36,6 +37,10 @@ class RouteTarget:
     header_name: str = DEFAULT_HEADER
     canary_header_value: str = ""
     stable_header_value: str = ""
+    # A shared Gateway: only requests for these hosts, and/or whose `model_header` names `model`.
+    hostnames: tuple[str, ...] = ()
+    model_header: str = ""
+    model: str = ""
 
     def __post_init__(self) -> None:
         for field in ("gateway_name", "gateway_namespace", "stable_service", "canary_service", "header_name"):
@@ -45,6 +50,10 @@ class RouteTarget:
             raise ValueError(f"stable and canary Services are both {self.stable_service!r}; they must differ")
         if not 1 <= self.port <= 65535:
             raise ValueError(f"RouteTarget.port {self.port} is not a port (1-65535)")
+        if self.model_header and not self.model:
+            raise ValueError(f"RouteTarget.model is empty: {self.model_header} must equal a model name")
+        if self.model_header and self.model_header.lower() == self.header_name.lower():
+            raise ValueError(f"the model header and the pin header are both {self.header_name!r}; they must differ")
         if self.canary_header_value and self.canary_header_value == self.stable_header_value:
             raise ValueError(f"{self.header_name}: the canary and stable pins are both {self.canary_header_value!r}; "
                              "a pinned request must name one track, so give the two strategies different values")

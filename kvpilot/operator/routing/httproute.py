@@ -29,17 +29,29 @@ def _backend(service: str, port: int, weight: int) -> dict[str, Any]:
     return {"group": "", "kind": "Service", "name": service, "port": port, "weight": weight}
 
 
+def _match(target: RouteTarget, pin: str = "") -> dict[str, Any]:
+    """Path "/" plus the model header (shared Gateway) and the track pin, all of which must hold."""
+    headers = []
+    if target.model_header:
+        headers.append({"type": "Exact", "name": target.model_header, "value": target.model})
+    if pin:
+        headers.append({"type": "Exact", "name": target.header_name, "value": pin})
+    match: dict[str, Any] = {"path": {"type": "PathPrefix", "value": "/"}}
+    if headers:
+        match["headers"] = headers
+    return match
+
+
 def _pin(target: RouteTarget, value: str, service: str) -> dict[str, Any]:
-    header = {"type": "Exact", "name": target.header_name, "value": value}
-    return {"matches": [{"path": {"type": "PathPrefix", "value": "/"}, "headers": [header]}],
-            "backendRefs": [_backend(service, target.port, 1)]}
+    return {"matches": [_match(target, value)], "backendRefs": [_backend(service, target.port, 1)]}
 
 
 def build_httproute(owner: Mapping[str, Any], target: RouteTarget, canary_weight: int) -> dict[str, Any]:
     """The whole route for `owner` with `canary_weight`% of unpinned traffic on the canary.
 
-    Pinned rules come first for readability; Gateway API ranks a match with headers above the
-    plain path match whatever the order.
+    Pinned rules come first for readability; Gateway API ranks a match with more headers above
+    one with fewer whatever the order. Without a canary (weight 0, no pin) the route sends
+    everything to stable.
     """
     weight = check_weight(canary_weight)
     rules = []
@@ -47,15 +59,21 @@ def build_httproute(owner: Mapping[str, Any], target: RouteTarget, canary_weight
         rules.append(_pin(target, target.canary_header_value, target.canary_service))
     if target.stable_header_value:
         rules.append(_pin(target, target.stable_header_value, target.stable_service))
-    rules.append({"matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
-                  "backendRefs": [_backend(target.stable_service, target.port, 100 - weight),
-                                  _backend(target.canary_service, target.port, weight)]})
+    if weight == 0 and not target.canary_header_value:  # no canary: stable only (no dangling backendRef)
+        backends = [_backend(target.stable_service, target.port, 100)]
+    else:
+        backends = [_backend(target.stable_service, target.port, 100 - weight),
+                    _backend(target.canary_service, target.port, weight)]
+    rules.append({"matches": [_match(target)], "backendRefs": backends})
     parent = {"group": GROUP, "kind": "Gateway", "name": target.gateway_name, "namespace": target.gateway_namespace}
+    spec: dict[str, Any] = {"parentRefs": [parent], "rules": rules}
+    if target.hostnames:
+        spec["hostnames"] = list(target.hostnames)
     return {
         "apiVersion": API_VERSION,
         "kind": "HTTPRoute",
         "metadata": metadata(owner, route_name(owner["metadata"]["name"]), "route"),
-        "spec": {"parentRefs": [parent], "rules": rules},
+        "spec": spec,
     }
 
 
@@ -64,16 +82,25 @@ def canary_weight_of(route: Mapping[str, Any], canary_service: str | None = None
 
     Without `canary_service`, the weighted rule's second backend is the canary (as built above).
     """
+    model_headers = _model_headers(route)
     for rule in route.get("spec", {}).get("rules", []):
-        if any(m.get("headers") for m in rule.get("matches", [])):
-            continue
+        if any(len(m.get("headers") or []) > model_headers for m in rule.get("matches", [])):
+            continue  # a pin
         refs = rule.get("backendRefs", [])
+        if len(refs) == 1:
+            return 0  # stable only
         if len(refs) != 2:
             continue
         total = sum(int(r.get("weight", 1)) for r in refs)
         canary = next((r for r in refs if r.get("name") == canary_service), refs[1]) if canary_service else refs[1]
         return round(100 * int(canary.get("weight", 1)) / total) if total else 0
     return None
+
+
+def _model_headers(route: Mapping[str, Any]) -> int:
+    """How many header matches every rule carries (the shared-Gateway model header): the fewest."""
+    counts = [len(m.get("headers") or []) for r in route.get("spec", {}).get("rules", []) for m in r.get("matches", [])]
+    return min(counts, default=0)
 
 
 @register("gateway-api")
