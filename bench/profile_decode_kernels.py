@@ -5,7 +5,8 @@
 
 Random weights of the shape (load_format=dummy). `--batch` requests with `--context` prompt tokens
 already computed (bench/decode_harness.admit_computed: blocks allocated, K/V random) decode for
-`--steps` timed steps after 5 warm-up steps: the median wall time of LLMEngine.step() is printed,
+`--steps` timed steps after 5 warm-up steps: the median wall time of LLMEngine.step() with a synchronize
+around each, and the mean of `--steps` steps run back to back (what async scheduling overlaps) are printed,
 then, over `--steps` more steps under the profiler, the GPU kernels by total time per step
 (graph replays included where CUPTI reports them; run with --enforce-eager to see every kernel).
 """
@@ -40,7 +41,7 @@ def main() -> None:
     knobs["load_format"] = "dummy"
     with tempfile.TemporaryDirectory() as tmp:
         engine = LLMEngine(EngineConfig(model=str(write_shape(args.shape, tmp)), show_progress=False, **knobs))
-    admit_computed(engine, args.batch, args.context, max_tokens=2 * args.steps + 10)
+    admit_computed(engine, args.batch, args.context, max_tokens=3 * args.steps + 10)
     for _ in range(5):
         engine.step()
     times = []
@@ -50,9 +51,18 @@ def main() -> None:
         engine.step()
         torch.cuda.synchronize()
         times.append((time.perf_counter() - start) * 1e3)
-    step_ms = statistics.median(times)
-    print(f"{args.shape} batch {args.batch} context {args.context} graphs {engine.runner.decode_graphs is not None}: "
-          f"step {step_ms:.2f} ms median, {args.batch / step_ms * 1e3:.0f} tok/s", flush=True)
+    synced_ms = statistics.median(times)
+    # back to back, as serving runs them: under async scheduling the host prepares step N+1 while the
+    # GPU runs step N, which a synchronize around each step would undo
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        engine.step()
+    torch.cuda.synchronize()
+    step_ms = (time.perf_counter() - start) * 1e3 / args.steps
+    print(f"{args.shape} batch {args.batch} context {args.context} graphs {engine.runner.decode_graphs is not None} "
+          f"async {engine.async_scheduling}: step {step_ms:.2f} ms back to back ({args.batch / step_ms * 1e3:.0f} "
+          f"tok/s), {synced_ms:.2f} ms median with a synchronize around each", flush=True)
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -69,7 +79,8 @@ def main() -> None:
     for name, us in rows:
         print(f"  {sum(us) / args.steps / 1e3:7.3f}  {len(us) / args.steps:6.1f}  {name[:110]}")
     print(json.dumps({"bench": "decode_profile", "shape": args.shape, "batch": args.batch, "context": args.context,
-                      "step_ms": round(step_ms, 3), "gpu_kernel_ms": round(total, 3),
+                      "step_ms": round(step_ms, 3), "synced_step_ms": round(synced_ms, 3),
+                      "async_scheduling": engine.async_scheduling, "gpu_kernel_ms": round(total, 3),
                       "graphs": engine.runner.decode_graphs is not None}))
 
 

@@ -61,6 +61,8 @@ def report(out: Path) -> dict[str, Any]:
     rows = []
     for rate in serve["rates"]:
         rows.append({"request_rate": rate["request_rate"], "http_output_tok_s": rate["output_tok_s"],
+                     "completed": rate.get("completed"), "failed": rate.get("failed"),
+                     "first_error": rate.get("first_error"), "stream_chunks": rate.get("stream_chunks"),
                      "client_ttft_ms": rate["ttft_ms"], "client_tpot_ms": rate["tpot_ms"]})  # fmt: skip
     engine = {}
     for key in ("ttft_seconds", "tpot_seconds"):

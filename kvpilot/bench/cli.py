@@ -104,7 +104,7 @@ def _rates(text: str) -> list[float]:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from kvpilot.bench.serve import TPOT_SLO_MS, highest_rate_within_slo, run_rate
+    from kvpilot.bench.serve import TPOT_SLO_MS, highest_rate_within_slo, run_rate, slo_line
 
     rates = _rates(args.request_rate)
     requests = random_requests(args.num_requests, parse_range(args.input_len), parse_range(args.output_len),
@@ -124,8 +124,7 @@ def _serve(args: argparse.Namespace) -> int:
         if summary["first_error"]:
             print(f"  first error: {summary['first_error']}", file=sys.stderr)
     best = highest_rate_within_slo(summaries)
-    print(f"highest rate with P95 TPOT < {TPOT_SLO_MS:g} ms: "
-          + (f"{best['request_rate']:g}/s (TTFT p95 {best['ttft_ms']['p95']:.1f} ms)" if best else "none tested"))
+    print(slo_line(summaries))
     record = {"bench": "serve", "base_url": args.base_url, "model": args.served_model,
               "requests": len(requests), "rates": summaries,
               "slo_tpot_p95_ms": TPOT_SLO_MS, "slo_rate": best["request_rate"] if best else None}  # fmt: skip

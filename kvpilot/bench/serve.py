@@ -133,8 +133,31 @@ def rate_summary(rate: float, results: list[RequestResult], duration: float) -> 
     }
 
 
+def _rate(summary: dict[str, Any]) -> float:
+    return float("inf") if summary["request_rate"] == "inf" else float(summary["request_rate"])
+
+
 def highest_rate_within_slo(summaries: list[dict[str, Any]], tpot_p95_ms: float = TPOT_SLO_MS) -> dict | None:
-    """The summary of the highest finite rate with no failures whose P95 TPOT is under the bound."""
-    good = [s for s in summaries if s["request_rate"] != "inf" and not s["failed"]
-            and s["tpot_ms"]["p95"] < tpot_p95_ms]  # fmt: skip
-    return max(good, key=lambda s: s["request_rate"]) if good else None
+    """The summary of the highest rate (inf, every request at once, above any finite one) with no
+    failures whose P95 TPOT is under the bound."""
+    good = [s for s in summaries if not s["failed"] and s["tpot_ms"]["p95"] < tpot_p95_ms]
+    return max(good, key=_rate) if good else None
+
+
+def slo_line(summaries: list[dict[str, Any]], tpot_p95_ms: float = TPOT_SLO_MS) -> str:
+    """The summary's last human line: the highest rate within the bound, or why each tested rate missed it."""
+    head = f"highest rate with P95 TPOT < {tpot_p95_ms:g} ms: "
+    best = highest_rate_within_slo(summaries, tpot_p95_ms)
+    if best is not None:
+        rate = "inf (all at once)" if best["request_rate"] == "inf" else f"{best['request_rate']:g}/s"
+        return head + f"{rate} (TTFT p95 {best['ttft_ms']['p95']:.1f} ms)"
+    if not summaries:
+        return head + "no rate tested"
+
+    def missed(s: dict[str, Any]) -> str:
+        rate = "inf" if s["request_rate"] == "inf" else f"{s['request_rate']:g}/s"
+        if s["failed"]:
+            return f"{rate}: {s['failed']} failed"
+        return f"{rate}: P95 TPOT {s['tpot_ms']['p95']:.1f} ms"
+
+    return head + f"none of the {len(summaries)} tested ({'; '.join(missed(s) for s in summaries)})"

@@ -2,8 +2,8 @@
 
 The engine loads them with `load_format="dummy"` (random weights drawn on the device), so an 8B
 model's throughput can be measured without a 16 GB checkpoint. Shapes are the published configs'
-dimensions; the tokenizer is a small one (prompts are random token ids; only detokenised text is
-affected).
+dimensions; the tokenizer covers the whole vocabulary (make_model/full_vocab.py: every id decodes to
+text that encodes back to it), so a generated token always reaches a stream as text.
 """
 
 from __future__ import annotations
@@ -39,19 +39,29 @@ SHAPES: dict[str, dict[str, Any]] = {
         "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
                          "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
     },
+    # MiniMax-Text-01's published layer dimensions with 8 of its 80 layers: one period of its 7:1
+    # lightning:softmax pattern (456B parameters do not fit one GPU; 8 layers are ~48B, 96 GB in bf16);
+    # max_position_embeddings 1M (published: 10.24M), rotary over the whole head as kvpilot runs it
+    "minimax-text-01-8l": {
+        "architectures": ["MiniMaxForCausalLM"], "model_type": "minimax", "hidden_size": 6144,
+        "intermediate_size": 9216, "num_hidden_layers": 8, "num_attention_heads": 64, "num_key_value_heads": 8,
+        "head_dim": 128, "num_local_experts": 32, "num_experts_per_tok": 2, "attn_type_list": [0] * 7 + [1],
+        "vocab_size": 200064, "max_position_embeddings": 1048576, "rope_theta": 10000000.0, "rms_norm_eps": 1e-5,
+        "linear_attn_alpha_factor": 3.5565588200778455, "full_attn_alpha_factor": 3.5565588200778455,
+        "mlp_alpha_factor": 3.5565588200778455,
+    },
 }  # fmt: skip
-TOKENIZER_VOCAB = 512
-
 
 def write_shape(name: str, out_dir: str | Path) -> Path:
     """Write `name`'s config.json, a tokenizer and generation_config.json into out_dir; return it."""
-    from kvpilot.engine.make_model import write_generation_config, write_tokenizer
+    from kvpilot.engine.make_model.tokenizer_files import write_generation_config, write_tokenizer
 
     if name not in SHAPES:
         raise ValueError(f"unknown model shape {name!r}; choose one of {', '.join(SHAPES)}")
     root = Path(out_dir)
     root.mkdir(parents=True, exist_ok=True)
-    (root / "config.json").write_text(json.dumps({**_COMMON, **SHAPES[name]}, indent=2))
-    write_tokenizer(root, TOKENIZER_VOCAB)
+    config = {**_COMMON, **SHAPES[name]}
+    (root / "config.json").write_text(json.dumps(config, indent=2))
+    write_tokenizer(root, config["vocab_size"], config["max_position_embeddings"], full_vocab=True)
     write_generation_config(root)
     return root

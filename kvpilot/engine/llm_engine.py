@@ -11,7 +11,7 @@ import torch
 
 from kvpilot.engine.config import EngineConfig, ModelConfig
 from kvpilot.engine.config.strategy import check_model_strategy
-from kvpilot.engine.core.scheduler import Scheduler
+from kvpilot.engine.core.scheduler import Scheduler, SchedulerOutput
 from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.metrics.stats import EngineStats, build_feed, kv_occupancy
 from kvpilot.engine.sampling_params import SamplingParams
@@ -21,6 +21,7 @@ from kvpilot.engine.strategies.kv_quant.pools import kv_feed
 from kvpilot.engine.structured.matchers import StructuredOutput
 from kvpilot.engine.tokenizer import Tokenizer
 from kvpilot.engine.worker.model_runner import ModelRunner
+from kvpilot.engine.worker.pending import PLACEHOLDER, PendingStep
 from kvpilot.engine.worker.sampler import TopLogprobs
 from kvpilot.engine.worker.scoring import score_paged, scores_through_cache
 from kvpilot.engine.worker.tp_launch import TensorParallelLaunch
@@ -91,6 +92,9 @@ class LLMEngine:
         self._seqs: dict[str, Sequence] = {}
         self._texts: dict[str, str] = {}
         self._pending: list[RequestOutput] = []
+        self.async_scheduling = self._use_async_scheduling()
+        self._inflight: PendingStep | None = None  # the launched step whose tokens are not read yet
+        self._final_by_length: set[str] = set()  # finished by length in _advance, awaiting their last token
         self.ready = True
 
     def shutdown(self) -> None:
@@ -117,7 +121,12 @@ class LLMEngine:
         return min(limits)
 
     # -- requests ------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float | None = None
+    ) -> None:
+        """`arrival_time` (time.monotonic(), system-wide on Linux): when the request reached the server, if
+        that was before this call (the engine core's API process stamps it, as vLLM's frontend does), so
+        TTFT and end-to-end latency count the wait for the core to take it."""
         if request_id in self._seqs:
             raise ValueError(f"request id {request_id!r} is already in use by an unfinished request")
         vocab = self.model_config.vocab_size
@@ -127,6 +136,8 @@ class LLMEngine:
         if params.logit_bias and max(params.logit_bias) >= vocab:
             raise ValueError(f"logit_bias token id {max(params.logit_bias)} is out of range [0, {vocab})")
         seq = Sequence(request_id, prompt_token_ids, params)
+        if arrival_time is not None:
+            seq.arrival_time = min(seq.arrival_time, arrival_time)
         if params.structured is not None:  # compiled (or cached) before anything else holds state
             self.structured.add(request_id, params.structured)
         try:
@@ -148,28 +159,46 @@ class LLMEngine:
         self._forget(seq)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._pending)
+        return self.scheduler.has_unfinished() or bool(self._pending) or self._inflight is not None
 
     # -- the step ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """One step. Under async scheduling the outputs are those of the step launched by the call
+        before (their tokens were read while this one was queued on the device)."""
+        if self.async_scheduling:
+            return self._step_async()
         outputs, self._pending = self._pending, []
+        scheduled = self._schedule()
+        if scheduled.is_empty:
+            return outputs
+        self.checks.before_run(scheduled)
+        return outputs + self._run_sync(scheduled)
+
+    def _schedule(self) -> SchedulerOutput:
         scheduled = self.scheduler.schedule()
         for seq in scheduled.preempted:  # a preempted sequence's recurrent state is lost (a summary miss later)
             self.runner.release_state(seq.request_id)
-        stats = self.stats_state
-        if scheduled.is_empty:
-            if not self.scheduler.running:
-                stats.kv_time.idle(time.monotonic())
-            return outputs
-        self.checks.before_run(scheduled)
+        if scheduled.is_empty and not self.scheduler.running:
+            self.stats_state.kv_time.idle(time.monotonic())
+        return scheduled
+
+    def _run_sync(self, scheduled: SchedulerOutput) -> list[RequestOutput]:
         try:
             sampled = self.runner.run(scheduled)
         except torch.OutOfMemoryError:
             self.stats_state.oom_events_total += 1
             raise
         self.scheduler.postprocess(scheduled, sampled)
-        now = time.monotonic()
-        step_logprobs = self.runner.last_logprobs
+        outputs = self._emit(scheduled, sampled, self.runner.last_logprobs)
+        self._after_step(scheduled)
+        return outputs
+
+    def _emit(
+        self, scheduled: SchedulerOutput, sampled: list[int | None], step_logprobs: dict[int, Any]
+    ) -> list[RequestOutput]:
+        """Outputs of the tokens the scheduler has appended: stop strings checked, finished requests forgotten."""
+        outputs = []
+        stats, now = self.stats_state, time.monotonic()
         for index, (item, token) in enumerate(zip(scheduled.scheduled, sampled, strict=True)):
             if token is None:
                 continue
@@ -187,15 +216,111 @@ class LLMEngine:
             outputs.append(output)
             if finished:
                 self._forget(seq)
+        return outputs
+
+    def _after_step(self, scheduled: SchedulerOutput) -> None:
         self.checks.after_step(scheduled)
         # KV occupancy after the step holds until the next one: measured here, a new sequence's
         # blocks count once its prompt is computed (before, they were allocated but empty).
+        stats = self.stats_state
         if self.scheduler.running:
             block_size = self.block_manager.block_size
             stats.kv_time.busy(time.monotonic(), lambda: kv_occupancy(self.scheduler.running, block_size))
         else:
             stats.kv_time.idle(time.monotonic())
+
+    # -- async scheduling (host/GPU overlap) ------------------------------------------------
+    def _use_async_scheduling(self) -> bool:
+        """On where no engine-wide host decision needs each step's tokens before the next step starts."""
+        mode = self.config.async_scheduling
+        if mode == "off" or (mode == "auto" and (self.runner.device.type != "cuda"
+                                                 or self.model_config.family not in ("llama", "mistral", "qwen2"))):
+            return False  # fmt: skip
+        # a recurrent state's slots and the tensor-parallel ranks follow each step: those engines step
+        # synchronously. Runtime validation and eviction run after a launch, on the step's own data.
+        return self.runner.linear_state is None and self.tp is None
+
+    @staticmethod
+    def _needs_tokens(scheduled: SchedulerOutput) -> bool:
+        """Whether this step's sampling reads the tokens before it (penalties count them, a grammar mask
+        follows them) or returns log-probabilities: then the step before must be read first."""
+        for item in scheduled.scheduled:
+            p = item.seq.params
+            if (p.structured is not None or p.logprobs is not None or p.presence_penalty or p.frequency_penalty
+                    or p.repetition_penalty != 1.0):  # fmt: skip
+                return True
+        return False
+
+    def _step_async(self) -> list[RequestOutput]:
+        outputs, self._pending = self._pending, []
+        scheduled = self._schedule()  # a sequence of the step in flight holds PLACEHOLDER as its last token
+        prev, self._inflight = self._inflight, None
+        if scheduled.is_empty:
+            return outputs + (self._collect(prev) if prev is not None else [])
+        if self._needs_tokens(scheduled):  # read the step in flight, then run this one as the sync engine does
+            if prev is not None:
+                outputs += self._collect(prev)
+                scheduled.scheduled = [s for s in scheduled.scheduled if not s.seq.is_finished]
+                if scheduled.is_empty:
+                    return outputs
+            self.checks.before_run(scheduled)
+            return outputs + self._run_sync(scheduled)
+        self.checks.before_run(scheduled)
+        try:
+            pending = self.runner.launch(scheduled, prev)
+        except BaseException as exc:
+            self._inflight = prev  # still to be read: a retried step (server/oom.py) launches after it
+            if isinstance(exc, torch.OutOfMemoryError):
+                self.stats_state.oom_events_total += 1
+            raise
+        if prev is not None:  # the device runs `pending` while the host reads and handles prev
+            outputs += self._collect(prev)
+        self._advance(pending)
+        self._inflight = pending
+        self._after_step(scheduled)
         return outputs
+
+    def _advance(self, pending: PendingStep) -> None:
+        """What Scheduler.postprocess does before a token is known: computed counts, prefix-cache commits,
+        a PLACEHOLDER token per sampling chunk; a sequence that ends by length with it leaves the running set
+        now (its output comes with the token)."""
+        bm, sched = self.block_manager, self.scheduler
+        for item in pending.scheduled.scheduled:
+            seq = item.seq
+            if seq.is_finished:  # stopped by the token read just before (EOS, a stop string), or aborted
+                continue
+            samples = item.samples  # asked before the count moves on
+            seq.num_computed_tokens += item.num_new_tokens
+            bm.commit(seq)  # the blocks' tokens are all known: the last read one was patched in by _collect
+            if not samples:
+                continue
+            seq.append_token(PLACEHOLDER)
+            if seq.num_completion_tokens >= seq.params.max_tokens or len(seq) >= sched.max_model_len:
+                sched.finish(seq, "length")
+                self._final_by_length.add(seq.request_id)
+
+    def _collect(self, pending: PendingStep) -> list[RequestOutput]:
+        """Read a launched step's tokens into its sequences, finish those they end, and emit them."""
+        tokens = pending.tokens()
+        sched = self.scheduler
+        for index, item in enumerate(pending.scheduled.scheduled):
+            token, seq = tokens[index], item.seq
+            if token is None:
+                continue
+            final = seq.request_id in self._final_by_length and self._seqs.get(seq.request_id) is seq
+            if (seq.is_finished and not final) or seq.token_ids[-1] != PLACEHOLDER:
+                tokens[index] = None  # its sequence ended (or was aborted) before this token: dropped
+                continue
+            self._final_by_length.discard(seq.request_id)
+            seq.token_ids[-1] = token
+            reason = sched._stop_reason(seq, token)  # what Scheduler.postprocess asks
+            if final:
+                seq.finish_reason = reason
+            elif reason is not None:
+                if seq in sched.waiting:  # preempted by the schedule that followed this step
+                    sched.waiting.remove(seq)
+                sched.finish(seq, reason)
+        return self._emit(pending.scheduled, tokens, {})
 
     def _check_stop_strings(self, seq: Sequence) -> None:
         stops = seq.params.stop

@@ -20,7 +20,7 @@ class SamplingParams:
     max_tokens: int = 16
     stop_token_ids: list[int] = field(default_factory=list)
     stop: list[str] = field(default_factory=list)
-    ignore_eos: bool = False
+    ignore_eos: bool = False  # with structured: the grammar holds until its EOS, then the output runs free
     logprobs: int | None = None  # None: none; k >= 0: each sampled token's log p and the k most likely
     presence_penalty: float = 0.0  # OpenAI: minus this once a token has been generated
     frequency_penalty: float = 0.0  # OpenAI: minus this per time a token has been generated
@@ -81,10 +81,6 @@ class SamplingParams:
         _check(
             self.structured is None or isinstance(self.structured, StructuredSpec),
             f"structured must be a StructuredSpec or None, got {type(self.structured).__name__}",
-        )
-        _check(
-            self.structured is None or not self.ignore_eos,
-            "ignore_eos cannot be combined with structured output: the grammar ends the output with EOS",
         )
 
     @property

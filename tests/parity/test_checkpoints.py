@@ -136,7 +136,7 @@ def test_stats_feed_and_abort(tiny_qwen) -> None:
     feed = engine.stats()
     assert set(feed) == {
         "schema_version", "engine", "kv", "prefix_cache", "memory_bytes", "requests", "latency",
-        "linear", "gqa_head_utilization", "validation",
+        "linear", "gqa_head_utilization", "validation", "vllm",
     }  # fmt: skip
     kv = feed["kv"]
     assert kv["blocks_used"] == 3 and kv["blocks_free"] + kv["blocks_used"] == kv["blocks_total"]
@@ -166,6 +166,9 @@ def test_stats_feed_and_abort(tiny_qwen) -> None:
             len(hist["buckets"]) == len(LATENCY_BUCKETS_SECONDS) + 1 and hist["buckets"][-1] == hist["count"]
         )
     assert feed["latency"]["ttft_seconds"]["count"] == 2 and feed["latency"]["e2e_seconds"]["count"] == 1
+    vllm = feed["vllm"]  # the API port's vllm: series: same requests on vLLM's bucket bounds
+    assert vllm["ttft_seconds"]["count"] == 2 and vllm["ttft_seconds"]["buckets"][-1] == 2
+    assert vllm["finished_total"] == {"stop": 0, "length": 1, "abort": 1}
     assert math.isfinite(feed["engine"]["start_time_seconds"]) and feed["engine"]["device"] == "cpu"
 
 

@@ -62,8 +62,8 @@ def split_on_the_host(eng: LLMEngine) -> None:
     eager path int8/fp8 with a reserve took before steps were counted (the reference here)."""
     prepare = eng.runner._prepare
 
-    def uncounted(out):
-        ctx, *rest = prepare(out)
+    def uncounted(out, prev=None):
+        ctx, *rest = prepare(out, prev)
         ctx.exact_pool_seqs = None
         return (ctx, *rest)
 

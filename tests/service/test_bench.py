@@ -36,7 +36,8 @@ def test_bench_serve_measures_every_request(server: ServerProcess, capsys) -> No
     code = main(["bench", "serve", "--base-url", server.base_url, "--served-model", SERVED_MODEL,
                  "--request-rate", "50,inf", "--num-requests", "5", "--input-len", "4:30", "--output-len", "3:8",
                  "--vocab-size", "384", "--no-progress"])  # fmt: skip
-    record = last_json(capsys.readouterr().out)
+    out = capsys.readouterr()
+    record = last_json(out.out)
     assert code == 0
     assert [r["request_rate"] for r in record["rates"]] == [50.0, "inf"]
     for rate in record["rates"]:
@@ -48,7 +49,8 @@ def test_bench_serve_measures_every_request(server: ServerProcess, capsys) -> No
         assert rate["completed"] <= rate["stream_chunks"] <= round(rate["output_tok_s"] * rate["duration_s"])
         gaps = rate["stream_chunks"] - rate["completed"]
         assert (rate["itl_ms"]["p50"] > 0) if gaps else math.isnan(rate["itl_ms"]["p50"])
-    assert record["slo_rate"] in (None, 50.0)
+    assert record["slo_rate"] in (None, 50.0, "inf")
+    assert "none tested" not in out.out and "highest rate with P95 TPOT < 50 ms: " in out.out
 
 
 def test_bench_serve_counts_refused_requests(server: ServerProcess, capsys) -> None:
@@ -57,4 +59,6 @@ def test_bench_serve_counts_refused_requests(server: ServerProcess, capsys) -> N
     out = capsys.readouterr()
     record = last_json(out.out)
     assert code == 1 and record["rates"][0]["failed"] == 2 and record["slo_rate"] is None
+    # one rate was tested (the default, inf): the last line says so and why it missed the bound
+    assert "highest rate with P95 TPOT < 50 ms: none of the 1 tested (inf: 2 failed)" in out.out
     assert "HTTP 404" in record["rates"][0]["first_error"] or "HTTP 400" in record["rates"][0]["first_error"]

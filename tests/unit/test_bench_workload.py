@@ -9,7 +9,7 @@ import statistics
 import numpy as np
 import pytest
 
-from kvpilot.bench.serve import RequestResult, highest_rate_within_slo, rate_summary
+from kvpilot.bench.serve import RequestResult, highest_rate_within_slo, rate_summary, slo_line
 from kvpilot.bench.shapes import SHAPES, write_shape
 from kvpilot.bench.workload import parse_range, percentile, poisson_arrivals, random_requests
 from kvpilot.engine.config import EngineConfig, ModelConfig
@@ -64,6 +64,12 @@ def test_rate_summary_and_the_slo_rate() -> None:
     slow = rate_summary(8.0, [RequestResult(ttft=0.1, latency=7.1, output_tokens=101)], 1.0)  # 70 ms TPOT
     assert highest_rate_within_slo([fast, slow, summary]) is fast  # 4/s failed a request, 8/s is too slow
     assert highest_rate_within_slo([slow]) is None
+    at_once = rate_summary(float("inf"), [ok], 1.0)
+    assert highest_rate_within_slo([fast, at_once]) is at_once  # all at once is more load than any rate
+    assert slo_line([at_once]) == "highest rate with P95 TPOT < 50 ms: inf (all at once) (TTFT p95 100.0 ms)"
+    slow_at_once = rate_summary(float("inf"), [RequestResult(ttft=0.1, latency=7.1, output_tokens=101)], 1.0)
+    assert slo_line([slow_at_once, summary]) == \
+        "highest rate with P95 TPOT < 50 ms: none of the 2 tested (inf: P95 TPOT 70.0 ms; 4/s: 1 failed)"  # fmt: skip
 
 
 def test_batch_defaults_follow_the_device() -> None:

@@ -73,7 +73,7 @@ PLAIN = {"device_type": "cuda", "family": "llama", "kv_kind": "model", "eviction
 
 def test_engine_fallback_plain_llama_captures() -> None:
     assert engine_fallback_reason(**PLAIN) is None
-    for family in ("mistral", "qwen2"):
+    for family in ("mistral", "qwen2", "deepseek_v2", "deepseek_v3", "minimax"):
         assert engine_fallback_reason(**{**PLAIN, "family": family}) is None
     for kind in ("bfloat16", "float16", "int8", "fp8"):
         assert engine_fallback_reason(**{**PLAIN, "kv_kind": kind}) is None
@@ -81,7 +81,7 @@ def test_engine_fallback_plain_llama_captures() -> None:
 
 @pytest.mark.parametrize(
     ("change", "words"),
-    [({"device_type": "cpu"}, "CUDA device"), ({"family": "deepseek_v2"}, "family"), ({"family": "minimax"}, "family"),
+    [({"device_type": "cpu"}, "CUDA device"), ({"family": "gpt2"}, "family"), ({"family": "phi3"}, "family"),
      ({"kv_kind": "auto-switch"}, "auto-switch"), ({"eviction": "sinks"}, "eviction"),
      ({"eviction": "ladder"}, "eviction"), ({"latent_cache": True}, "MLA"), ({"recurrent_state": True}, "recurrent"),
      ({"plain_attention": False}, "Performer")],

@@ -22,6 +22,7 @@ from kvpilot.engine.config.strategy import (
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOAD_FORMATS = ("auto", "dummy")
+ASYNC_SCHEDULING = ("auto", "on", "off")
 
 
 def knob(default: Any, help: str, **cli: Any) -> Any:
@@ -106,6 +107,11 @@ class EngineConfig:
     head_utilization_every: int = knob(64, "decode steps between head-utilisation samples")
     cuda_graphs: bool = knob(True, "replay CUDA graphs for decode-only steps (CUDA; on CPU nothing is captured)")
     enforce_eager: bool = knob(False, "never capture CUDA graphs: every step runs eagerly (as vLLM's flag)")
+    async_scheduling: str = knob(
+        "auto", "prepare the next step while the GPU runs this one, sampled tokens fed back on the device (the "
+        "host learns them a step later; steps that need them first run synchronously). auto: on CUDA for the "
+        "Llama family", choices=ASYNC_SCHEDULING,
+    )  # fmt: skip
     tensor_parallel_size: int = knob(
         1, "ranks (processes; one GPU each on CUDA) over which heads, KV heads, MLP and vocabulary are split"
     )
@@ -136,6 +142,8 @@ class EngineConfig:
             raise ValueError(
                 f"max_num_batched_tokens must be >= 1 or None (sized from the device), got {self.max_num_batched_tokens}"
             )
+        if self.async_scheduling not in ASYNC_SCHEDULING:
+            raise ValueError(f"async_scheduling must be one of {ASYNC_SCHEDULING}, got {self.async_scheduling!r}")
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -111,3 +111,43 @@ def tp_shards(model: nn.Module) -> dict[str, tuple[int, int, int]]:
         for prefix, module in model.named_modules()
         for name, spec in getattr(module, "tp_shard", {}).items()
     }
+
+
+class MergedLinear:
+    """Linears that read the same input as one GEMM (q/k/v, gate/up): their weights become row blocks of one
+    tensor, so loading, tensor-parallel slicing and strategies that rewrite a projection in place (GQA
+    merging and compensation, MLA and Performer conversion read or copy `k_proj.weight`) see the linears as
+    before, and the merged GEMM sees what they wrote.
+
+    A linear whose parameter was replaced rather than written (`module.to(...)`, a new nn.Parameter) is
+    noticed at the next call, which merges again. Not an nn.Module: the merged tensors are not parameters
+    a second time (weights_bytes, named_parameters and the loader count each once).
+    """
+
+    def __init__(self, linears: list[nn.Linear]) -> None:
+        if len({lin.bias is None for lin in linears}) != 1:
+            raise ValueError("merged linears must all have a bias or all have none")
+        self.linears = linears
+        self.widths = [lin.weight.shape[0] for lin in linears]  # this rank's rows of each
+        self.weight, self.bias = self._merge()
+
+    def _merge(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        with torch.no_grad():
+            weight = torch.cat([lin.weight for lin in self.linears])
+            bias = None if self.linears[0].bias is None else torch.cat([lin.bias for lin in self.linears])
+        at = 0
+        for lin, width in zip(self.linears, self.widths, strict=True):
+            lin.weight = nn.Parameter(weight[at : at + width], requires_grad=False)
+            if bias is not None:
+                lin.bias = nn.Parameter(bias[at : at + width], requires_grad=False)
+            at += width
+        return weight, bias
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Each linear's output, as views of the one GEMM's [T, sum of widths]."""
+        if any(lin.weight.data_ptr() != self._row_ptr(i) for i, lin in enumerate(self.linears)):
+            self.weight, self.bias = self._merge()
+        return F.linear(x, self.weight, self.bias).split(self.widths, dim=-1)
+
+    def _row_ptr(self, index: int) -> int:
+        return self.weight.data_ptr() + sum(self.widths[:index]) * self.weight.stride(0) * self.weight.element_size()

@@ -9,9 +9,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
+
+from kvpilot.engine.make_model.tokenizer_files import (  # noqa: F401 (re-exported)
+    BOS_ID,
+    CHAT_TEMPLATE,
+    EOS_ID,
+    PAD_ID,
+    SPECIAL_TOKENS,
+    build_tokenizer,
+    training_text,
+    write_generation_config,
+    write_tokenizer,
+)
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM",
                  "deepseek_v2": "DeepseekV2ForCausalLM"}  # fmt: skip
@@ -21,16 +32,6 @@ SIZES: dict[str, dict[str, int]] = {
     "small": {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4, "num_attention_heads": 8,
               "num_key_value_heads": 2, "vocab_size": 1024, "shards": 2},
 }  # fmt: skip
-SPECIAL_TOKENS = ("<bos>", "<eos>", "<pad>")
-BOS_ID, EOS_ID, PAD_ID = 0, 1, 2
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% if tools %}<|system|>\n<tool_call>{{ tools | map(attribute='function') | map(attribute='name')"
-    " | join(', ') }}</tool_call>{{ eos_token }}\n{% endif %}"
-    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}"
-    "{% for call in message['tool_calls'] or [] %}<tool_call>{{ call['function'] | tojson }}</tool_call>{% endfor %}"
-    "{{ eos_token }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
-STDLIB_SOURCES = ("textwrap.py", "string.py", "json/decoder.py", "json/encoder.py", "argparse.py", "shlex.py")
 
 
 def model_config(family: str, size: str = "tiny", **overrides: Any) -> dict[str, Any]:
@@ -146,56 +147,6 @@ def write_weights(out_dir: Path, weights: dict[str, Any], shards: int = 1) -> li
     return files
 
 
-def training_text() -> list[str]:
-    """Local text to learn BPE merges from: a few of Python's own standard-library sources."""
-    stdlib = Path(os.__file__).parent
-    texts = [
-        (stdlib / name).read_text(encoding="utf-8") for name in STDLIB_SOURCES if (stdlib / name).is_file()
-    ]
-    return texts or ["def main():\n    return 0\n" * 200]
-
-
-def build_tokenizer(vocab_size: int) -> Any:
-    """A byte-level BPE: 3 special tokens, 256 byte tokens, then merges up to vocab_size."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    if vocab_size < len(SPECIAL_TOKENS) + 256:
-        raise ValueError(
-            f"vocab_size must be >= {len(SPECIAL_TOKENS) + 256} for a byte-level tokenizer, got {vocab_size}"
-        )
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(training_text(), trainer=trainer)
-    return tok
-
-
-def write_tokenizer(out_dir: Path, vocab_size: int, max_len: int = 2048) -> None:
-    tok = build_tokenizer(vocab_size)
-    tok.save(str(out_dir / "tokenizer.json"))
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<bos>",
-        "eos_token": "<eos>",
-        "pad_token": "<pad>",
-        "add_bos_token": False,
-        "model_max_length": max_len,
-        "chat_template": CHAT_TEMPLATE,
-    }
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
-
-
-def write_generation_config(out_dir: Path) -> None:
-    gen = {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID, "do_sample": False}
-    (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2))
-
-
 def make_model(
     out_dir: str | Path, family: str = "llama", size: str = "tiny", seed: int = 0, **overrides: Any
 ) -> Path:
@@ -211,7 +162,14 @@ def make_model(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from kvpilot.bench.shapes import SHAPES
+
     parser.add_argument("dir", help="output directory (created if missing)")
+    parser.add_argument(
+        "--shape", choices=sorted(SHAPES), default=None,
+        help="a published model's shape instead of --family/--size: config.json and a tokenizer over its whole "
+        "vocabulary, no weights (load it with --load-format dummy: random weights drawn on the device)",
+    )  # fmt: skip
     parser.add_argument("--family", choices=sorted(ARCHITECTURES), default="llama")
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
     parser.add_argument("--seed", type=int, default=0)
@@ -221,6 +179,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.shape:
+        from kvpilot.bench.shapes import write_shape
+
+        if args.kv_heads is not None:
+            raise SystemExit("--kv-heads applies to --size checkpoints; a --shape keeps its published heads")
+        root = write_shape(args.shape, args.dir)
+        files = sorted(p.name for p in root.iterdir())
+        print(f"wrote the {args.shape} shape to {root}: {', '.join(files)} (no weights: serve or bench it with "
+              "--load-format dummy)")
+        return 0
     overrides = {} if args.kv_heads is None else {"num_key_value_heads": args.kv_heads}
     heads = SIZES[args.size]["num_attention_heads"]
     if args.kv_heads is not None and (args.kv_heads < 1 or heads % args.kv_heads):

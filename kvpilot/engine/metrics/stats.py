@@ -10,7 +10,12 @@ from kvpilot.engine.core.block_manager import BlockManager
 from kvpilot.engine.core.scheduler import Scheduler
 from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.metrics.kv_time import KvOccupancyIntegral
-from kvpilot.engine.metrics.stats_contract import REJECT_REASONS, SCHEMA_VERSION, Histogram
+from kvpilot.engine.metrics.stats_contract import (
+    REJECT_REASONS,
+    SCHEMA_VERSION,
+    VLLM_BUCKETS_SECONDS,
+    Histogram,
+)
 
 
 class EngineStats:
@@ -28,6 +33,9 @@ class EngineStats:
         self.ttft = Histogram()
         self.tpot = Histogram()
         self.e2e = Histogram()
+        # The same observations on vLLM's bounds (inter-token: every gap), for the vllm: names.
+        self.vllm = {key: Histogram(bounds) for key, bounds in VLLM_BUCKETS_SECONDS.items()}
+        self.finished_by_reason: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
         self.kv_time = KvOccupancyIntegral(time.monotonic())  # token-slot-seconds (kv_time.py says why)
 
     def record_rejection(self, reason: str) -> None:
@@ -38,14 +46,20 @@ class EngineStats:
         if seq.first_token_time is None:
             seq.first_token_time = now
             self.ttft.observe(now - seq.arrival_time)
+            self.vllm["ttft_seconds"].observe(now - seq.arrival_time)
+        elif seq.last_token_time is not None:
+            self.vllm["inter_token_seconds"].observe(now - seq.last_token_time)
         seq.last_token_time = now
 
     def on_finish(self, seq: Sequence, now: float) -> None:
-        if seq.finish_reason == "abort":
+        reason = seq.finish_reason or "stop"
+        self.finished_by_reason[reason] = self.finished_by_reason.get(reason, 0) + 1
+        if reason == "abort":
             self.aborted_total += 1
             return
         self.finished_total += 1
         self.e2e.observe(now - seq.arrival_time)
+        self.vllm["e2e_seconds"].observe(now - seq.arrival_time)
         if seq.first_token_time is not None and seq.num_completion_tokens > 1:
             self.tpot.observe((now - seq.first_token_time) / (seq.num_completion_tokens - 1))
 
@@ -138,6 +152,8 @@ def build_feed(
             "tpot_seconds": stats.tpot.to_feed(),
             "e2e_seconds": stats.e2e.to_feed(),
         },
+        "vllm": {**{key: hist.to_feed() for key, hist in stats.vllm.items()},
+                 "finished_total": dict(stats.finished_by_reason)},
         "linear": linear or {"summary_hits_total": 0, "summary_misses_total": 0},
         "gqa_head_utilization": gqa_head_utilization or [],
         "validation": validation or {

@@ -40,6 +40,10 @@ Shape (every key below is always present; values that do not apply yet are null 
                       "output_tokens_total": int},  # token ids it turned into text (added by the
                                                     # API server; decoded/output stays ~constant)
       "latency": {"ttft_seconds": HIST, "tpot_seconds": HIST, "e2e_seconds": HIST},
+      "vllm": {"ttft_seconds": HIST, "inter_token_seconds": HIST,  # on vLLM's bucket bounds
+               "e2e_seconds": HIST,                                # (VLLM_BUCKETS_SECONDS), for
+               "finished_total": {reason: int}},                   # the API port's vllm: names;
+                                                                   # reason: stop | length | abort
       "linear": {"summary_hits_total": int, "summary_misses_total": int},
       "gqa_head_utilization": [{"layer": int, "kv_head": int, "value": float}],
       "validation": {"checks_total": int,
@@ -51,7 +55,8 @@ Shape (every key below is always present; values that do not apply yet are null 
                                  "full_total": int}}    # fallbacks that found it full (preempted, waited)
     }
 
-HIST is a cumulative histogram over the fixed bucket bounds in LATENCY_BUCKETS_SECONDS:
+HIST is a cumulative histogram over the fixed bucket bounds in LATENCY_BUCKETS_SECONDS (those under
+"vllm": over VLLM_BUCKETS_SECONDS[key]):
 ``{"buckets": [count_le_b0, count_le_b1, ..., count_le_inf], "sum": float, "count": int}``
 with ``len(buckets) == len(LATENCY_BUCKETS_SECONDS) + 1`` and the last entry equal to count.
 """
@@ -70,6 +75,18 @@ LATENCY_BUCKETS_SECONDS: tuple[float, ...] = (
 )
 
 HISTOGRAM_KEYS = ("ttft_seconds", "tpot_seconds", "e2e_seconds")
+
+# vLLM's own bucket bounds (vllm/v1/metrics/loggers.py, PrometheusStatLogger), so that the vllm:
+# histograms the API port serves (engine/server/vllm_metrics.py) match a vLLM pod's bucket for
+# bucket. Inter-token latency is observed once per token gap, as vLLM does, not per request.
+VLLM_BUCKETS_SECONDS: dict[str, tuple[float, ...]] = {
+    "ttft_seconds": (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                     5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0),
+    "inter_token_seconds": (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+                            2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0),
+    "e2e_seconds": (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0),
+}
 
 # Rejection reasons the engine counts under requests.rejected_total.
 REJECT_REASONS = ("too_long", "queue_full", "invalid", "internal_error")

@@ -19,6 +19,7 @@ from torch import nn
 
 from kvpilot.engine.config import ModelConfig
 from kvpilot.engine.config.deepseek import DeepseekFields
+from kvpilot.engine.kernels.mla_rope import mla_rope
 from kvpilot.engine.layers.latent_attention import LatentAttention
 from kvpilot.engine.models.causal_lm import CausalLM
 from kvpilot.engine.models.layers import RMSNorm, SiluAndMulMLP
@@ -92,19 +93,8 @@ class DeepseekRotary(nn.Module):
         self.inv_freq = deepseek_rope(self.dim, self.theta, self.yarn)[0].to(device)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """x [T, heads, R] at positions [T]."""
-        freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]
-        cos = (freqs.cos() * self.attention_factor)[:, None, :]
-        sin = (freqs.sin() * self.attention_factor)[:, None, :]
-        h = x.float()
-        if self.interleave:
-            x1, x2 = h[..., 0::2], h[..., 1::2]
-            out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
-        else:
-            half = self.dim // 2
-            x1, x2 = h[..., :half], h[..., half:]
-            out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-        return out.to(x.dtype)
+        """x [T, heads, R] at positions [T] (kernels/mla_rope: Triton on CUDA, the torch reference elsewhere)."""
+        return mla_rope(positions, self.inv_freq, x, self.attention_factor, self.interleave)
 
 
 class DeepseekAttention(nn.Module):
@@ -169,11 +159,15 @@ class DeepseekAttention(nn.Module):
         w = self.kv_b_proj.weight.view(self.num_heads, f.qk_nope_head_dim + f.v_head_dim, f.kv_lora_rank)
         w_uk, w_uv = w[:, : f.qk_nope_head_dim], w[:, f.qk_nope_head_dim :]
         q_nope, q_pe = q.split([f.qk_nope_head_dim, f.qk_rope_head_dim], dim=-1)
-        q_latent = torch.einsum("bhd,hdl->bhl", q_nope, w_uk).to(cache.dtype).contiguous()
+        # head-batched GEMMs over strided views ([H, B, .] of [B, H, .]): no permute copies; mla_decode reads
+        # q_latent through its strides
+        q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1).to(cache.dtype)
+        if q_latent.stride(-1) != 1:
+            q_latent = q_latent.contiguous()
         o_latent = mla_decode(
             q_latent, q_pe.to(cache.dtype).contiguous(), cache, block_tables, context_lens, self.attn.scale
         )
-        return torch.einsum("bhl,hvl->bhv", o_latent.to(q.dtype), w_uv)
+        return torch.bmm(o_latent.to(q.dtype).transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)
 
 
 class DeepseekDecoderLayer(nn.Module):

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from kvpilot.engine.kernels import rmsnorm, rotary, silu_mul
-from kvpilot.engine.layers.parallel import column_linear, embedding, row_linear
+from kvpilot.engine.layers.parallel import MergedLinear, column_linear, embedding, row_linear
 
 
 class RMSNorm(nn.Module):
@@ -72,9 +72,14 @@ class SiluAndMulMLP(nn.Module):
         self.gate_proj = column_linear(hidden_size, intermediate_size, False)  # nn.Linear at one rank
         self.up_proj = column_linear(hidden_size, intermediate_size, False)
         self.down_proj = row_linear(intermediate_size, hidden_size, False)  # all-reduced under TP
+        self.gate_up: MergedLinear | None = None  # merge_projections(): gate and up in one GEMM
+
+    def merge_projections(self) -> None:
+        self.gate_up = MergedLinear([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))  # kernels/silu_mul/
+        gate, up = self.gate_up(x) if self.gate_up is not None else (self.gate_proj(x), self.up_proj(x))
+        return self.down_proj(silu_mul(gate, up))  # kernels/silu_mul/
 
 
 class DecoderStack(nn.Module):

@@ -7,7 +7,7 @@ from torch import nn
 
 from kvpilot.engine.config import ModelConfig
 from kvpilot.engine.layers.attention import Attention
-from kvpilot.engine.layers.parallel import column_linear, row_linear
+from kvpilot.engine.layers.parallel import MergedLinear, column_linear, row_linear
 from kvpilot.engine.models.causal_lm import CausalLM
 from kvpilot.engine.models.layers import RMSNorm, RotaryEmbedding, SiluAndMulMLP
 from kvpilot.engine.parallel.shard import head_shard
@@ -31,12 +31,20 @@ class LlamaAttention(nn.Module):
         self.o_proj = row_linear(q_width, hidden, False, heads.q_start * d, self.num_heads * d)
         self.rotary_emb = RotaryEmbedding(self.head_dim, config.rope_theta, config.rope_scaling)
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
+        self.qkv: MergedLinear | None = None  # merge_projections(): q, k and v in one GEMM
+
+    def merge_projections(self) -> None:
+        self.qkv = MergedLinear([self.q_proj, self.k_proj, self.v_proj])
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        if self.qkv is not None:
+            q, k, v = self.qkv(x)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
         q, k = self.rotary_emb(positions, q, k)
         o = self.attn(q, k, v)
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
@@ -66,6 +74,13 @@ class LlamaForCausalLM(CausalLM):
         super().__init__(
             config, (LlamaDecoderLayer(config, qkv_bias) for _ in range(config.num_hidden_layers))
         )
+
+    def merge_projections(self) -> None:
+        """One GEMM for q/k/v and one for gate/up in every layer (before the weights load: they load into
+        the merged tensors through the linears, which become views of them)."""
+        for layer in self.model.layers:
+            layer.self_attn.merge_projections()
+            layer.mlp.merge_projections()
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]

@@ -23,6 +23,7 @@ from kvpilot.engine.layers.attention import Attention
 from kvpilot.engine.models.causal_lm import CausalLM
 from kvpilot.engine.models.layers import RMSNorm
 from kvpilot.engine.models.llama import LlamaAttention
+from kvpilot.engine.models.moe import MINIMAX_EXPERT_NAMES, StackedExperts
 
 LIGHTNING_NORM_EPS = 1e-6  # HF's MiniMaxRMSNorm default, not config.rms_norm_eps
 
@@ -85,21 +86,9 @@ class LightningAttention(nn.Module):
         return o
 
 
-class MiniMaxExpert(nn.Module):
-    """w2(silu(w1 x) * w3 x), the checkpoint's `block_sparse_moe.experts.N.w{1,2,3}` names."""
-
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.w2 = nn.Linear(intermediate_size, hidden_size, bias=False)
-        self.w3 = nn.Linear(hidden_size, intermediate_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
 class MiniMaxSparseMoe(nn.Module):
-    """Top-k routing over softmax(router logits) in fp32, weights renormalised over the k chosen."""
+    """Top-k routing over softmax(router logits) in fp32, weights renormalised over the k chosen; the
+    experts stacked (models/moe.StackedExperts) from the checkpoint's `experts.N.w{1,2,3}` names."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -107,21 +96,15 @@ class MiniMaxSparseMoe(nn.Module):
         assert hybrid is not None
         self.top_k = hybrid.num_experts_per_tok
         self.gate = nn.Linear(config.hidden_size, hybrid.num_local_experts, bias=False)
-        self.experts = nn.ModuleList(
-            MiniMaxExpert(config.hidden_size, config.intermediate_size)
-            for _ in range(hybrid.num_local_experts)
+        self.experts = StackedExperts(
+            hybrid.num_local_experts, config.hidden_size, config.intermediate_size, MINIMAX_EXPERT_NAMES
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         probs = torch.softmax(self.gate(x).float(), dim=-1)
         weights, chosen = torch.topk(probs, self.top_k, dim=-1)
         weights = weights / weights.sum(dim=-1, keepdim=True)
-        out = torch.zeros_like(x)
-        for e in chosen.unique().tolist():  # plain torch: must match HF, need not be fast
-            token_idx, k_idx = torch.where(chosen == e)
-            y = self.experts[e](x[token_idx]) * weights[token_idx, k_idx, None]
-            out.index_add_(0, token_idx, y.to(out.dtype))
-        return out
+        return self.experts(x, weights, chosen)
 
 
 class MiniMaxDecoderLayer(nn.Module):

@@ -1,17 +1,75 @@
-"""DeepSeek-V2/V3 mixture-of-experts MLP in plain torch (matches HF, not fast): router, experts, shared.
+"""Mixture-of-experts MLPs: DeepSeek-V2/V3's router (grouped top-k, V3's sigmoid + correction bias),
+stacked routed experts run by kernels/fused_moe, shared experts.
 
-Parameter names are the checkpoint's: `mlp.gate.weight` (+ `mlp.gate.e_score_correction_bias` for
-V3), `mlp.experts.{e}.{gate,up,down}_proj.weight`, `mlp.shared_experts.{gate,up,down}_proj.weight`.
+Routed experts live in two stacked tensors per layer, `experts.w13` [E, 2I, H] (gate rows, then up
+rows) and `experts.w2` [E, H, I], so one grouped GEMM runs them all. Checkpoints keep their
+per-expert names: `StackedExperts.piece` tells the loader where `experts.{e}.gate_proj.weight`
+(DeepSeek) or `experts.{e}.w1.weight` (MiniMax) goes. Other DeepSeek names are the checkpoint's:
+`mlp.gate.weight` (+ `mlp.gate.e_score_correction_bias` for V3), `mlp.shared_experts.*`.
 """
 
 from __future__ import annotations
+
+import re
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kvpilot.engine.config.deepseek import DeepseekFields
+from kvpilot.engine.kernels.fused_moe import fused_moe
 from kvpilot.engine.models.layers import SiluAndMulMLP
+
+# per-expert checkpoint names -> (stacked tensor, half of w13: 0 gate, 1 up, None the whole w2 row)
+DEEPSEEK_EXPERT_NAMES = {"gate_proj": ("w13", 0), "up_proj": ("w13", 1), "down_proj": ("w2", None)}
+MINIMAX_EXPERT_NAMES = {"w1": ("w13", 0), "w3": ("w13", 1), "w2": ("w2", None)}
+_EXPERT_TENSOR = re.compile(r"(.*\.experts)\.(\d+)\.(\w+)\.weight")
+
+
+@dataclass(frozen=True)
+class StackedPiece:
+    """Where one per-expert checkpoint tensor lands: `param[index]` (a view of a stacked parameter)."""
+
+    param: str
+    index: tuple[int, slice]
+
+
+class StackedExperts(nn.Module):
+    """E SwiGLU experts as w13 [E, 2I, H] and w2 [E, H, I], run by kernels/fused_moe."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, names: dict) -> None:
+        super().__init__()
+        self.num_experts, self.intermediate_size = num_experts, intermediate_size
+        self.names = names  # checkpoint sub-module name -> (stacked tensor, gate/up half)
+        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """sum_k weights[t, k] * expert_{index[t, k]}(x[t])."""
+        return fused_moe(x, self.w13, self.w2, weights, index)
+
+    def piece(self, prefix: str, expert: int, name: str) -> StackedPiece | None:
+        """The slice of w13 / w2 that checkpoint tensor `{prefix}.{expert}.{name}.weight` fills."""
+        if name not in self.names or not 0 <= expert < self.num_experts:
+            return None
+        param, half = self.names[name]
+        inter = self.intermediate_size
+        rows = slice(None) if half is None else slice(half * inter, (half + 1) * inter)
+        return StackedPiece(f"{prefix}.{param}", (expert, rows))
+
+
+def stacked_piece(model: nn.Module, name: str) -> StackedPiece | None:
+    """The stacked-expert slice a per-expert checkpoint tensor fills in `model`, or None (not an expert)."""
+    match = _EXPERT_TENSOR.fullmatch(name)
+    if match is None:
+        return None
+    prefix, expert, sub = match.groups()
+    try:
+        module = model.get_submodule(prefix)
+    except AttributeError:
+        return None
+    return module.piece(prefix, int(expert), sub) if isinstance(module, StackedExperts) else None
 
 
 class TopkRouter(nn.Module):
@@ -71,8 +129,8 @@ class DeepseekMoE(nn.Module):
     def __init__(self, hidden_size: int, f: DeepseekFields) -> None:
         super().__init__()
         self.gate = TopkRouter(hidden_size, f)
-        self.experts = nn.ModuleList(
-            SiluAndMulMLP(hidden_size, f.moe_intermediate_size) for _ in range(f.n_routed_experts)
+        self.experts = StackedExperts(
+            f.n_routed_experts, hidden_size, f.moe_intermediate_size, DEEPSEEK_EXPERT_NAMES
         )
         self.shared_experts = (
             SiluAndMulMLP(hidden_size, f.moe_intermediate_size * f.n_shared_experts)
@@ -82,11 +140,7 @@ class DeepseekMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, index = self.gate(x)
-        out = torch.zeros_like(x)
-        for expert in index.unique().tolist():  # ascending, as HF accumulates
-            token, slot = torch.where(index == expert)
-            y = self.experts[expert](x[token]) * weights[token, slot, None]
-            out.index_add_(0, token, y.to(out.dtype))
+        out = self.experts(x, weights, index)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
         return out

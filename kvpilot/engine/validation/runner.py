@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import torch
 
 from kvpilot.engine.config import EngineConfig
-from kvpilot.engine.context import StopForward, dense_context
+from kvpilot.engine.context import StopForward, dense_context, get_context
 from kvpilot.engine.core.scheduler import SchedulerOutput
 from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.metrics.stats_contract import FALLBACK_REASONS
@@ -61,13 +61,52 @@ class _Captured(StopForward):
     """Raised by a capture hook to stop a recompute once the wanted layer has run."""
 
 
-def layer_output_hook(store: dict[str, torch.Tensor]):
-    """A forward hook that keeps the module's output tensor under store['out']."""
+class StepCapture:
+    """The validated layer's served attention output for a whole step, rows in the step's packed order.
 
-    def hook(_module, _args, output):
-        store["out"] = output.detach()
+    A layer's attention module is usually called once per step, over every packed token. Beside a fallback
+    reserve (strategies/fallback/split.py: MLA and GQA conversions) it is called once per converted pool part
+    instead (prefill chunks, then decodes, each under a context of its own), and the reserve's rows are attended
+    without it. So every call is kept, and the parts are put back at their rows from the step's split
+    (`Context.kv_split`, read from the step's context, which a pre-hook on the model records).
+    """
 
-    return hook
+    def __init__(self, model: torch.nn.Module, module: torch.nn.Module, num_tokens: int) -> None:
+        self.num_tokens = num_tokens  # the step's packed tokens
+        self.outputs: list[torch.Tensor] = []
+        self.step_ctx: Any = None
+        self._handles = [
+            model.register_forward_pre_hook(self._enter),
+            module.register_forward_hook(self._keep),
+        ]
+
+    def _enter(self, _module, _args) -> None:
+        if self.step_ctx is None:  # the step's outermost model call (not a nested one)
+            self.step_ctx = get_context()
+
+    def _keep(self, _module, _args, output) -> None:
+        self.outputs.append(output.detach())
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def served(self) -> tuple[torch.Tensor, list[bool]] | str:
+        """(output [num_tokens, ...], which rows the layer served) or, where it cannot be assembled, why."""
+        outs, n = self.outputs, self.num_tokens
+        if len(outs) == 1 and outs[0].shape[0] == n:
+            return outs[0], [True] * n
+        split = getattr(self.step_ctx, "kv_split", None)
+        parts = [] if split is None else [p for p in split.parts if p.quant]  # the parts the module served
+        if not outs or len(parts) != len(outs):
+            return f"{len(outs)} call(s) of the validated layer for {len(parts)} converted part(s) of a {n}-token step"
+        full = outs[0].new_zeros((n, *outs[0].shape[1:]))
+        mask = torch.zeros(n, dtype=torch.bool)
+        for part, out in zip(parts, outs, strict=True):
+            full[part.rows] = out
+            mask[part.rows.cpu() if isinstance(part.rows, torch.Tensor) else part.rows] = True
+        return full, mask.tolist()
 
 
 class DenseRecompute:
@@ -127,16 +166,15 @@ class ValidationRunner:
             self.fallbacks_total.setdefault(check.name, dict.fromkeys(FALLBACK_REASONS, 0))
         self.unrecovered_total: dict[str, int] = {}  # failed with no exact path to move to: served on, warned
         self.last_cosine: float | None = None
-        self.checks_skipped_total = 0  # the exact side ran out of device memory: skipped, logged, served on
+        self.checks_skipped_total = 0  # the exact side ran out of device memory (or no served row): logged, served on
         self._due: list[tuple[int, Sequence, int, list[ApproximationCheck]]] = []
-        self._store: dict[str, torch.Tensor] = {}
-        self._handle = None
+        self._capture: StepCapture | None = None
 
     def before_run(self, out: SchedulerOutput) -> None:
         """Pick this step's due decodes and hook the validated layer to capture their outputs."""
-        if self._handle is not None:  # the previous step raised before after_step
-            self._handle.remove()
-            self._handle = None
+        if self._capture is not None:  # the previous step raised before after_step
+            self._capture.remove()
+            self._capture = None
         self._due = []
         if not self.checks:
             return
@@ -150,25 +188,35 @@ class ValidationRunner:
             if checks:
                 self._due.append((index, seq, seq.num_computed_tokens + 1, checks))
         if self._due:
-            module = self.runner.model.attention_layers()[self.layer]
-            self._handle = module.register_forward_hook(layer_output_hook(self._store))
+            model, num_tokens = self.runner.model, sum(item.num_new_tokens for item in out.scheduled)
+            self._capture = StepCapture(model, model.attention_layers()[self.layer], num_tokens)
 
     def after_step(self) -> None:
         """Compare each due sequence's served output with its checks' exact ones; fall back if low."""
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        capture, self._capture = self._capture, None
+        if capture is not None:
+            capture.remove()
         if not self._due:
             return
-        rows = dict(self.runner.last_sample_rows)
-        served = self._store.pop("out")
-        for index, seq, num_tokens, checks in self._due:
+        due, self._due = self._due, []
+        captured = capture.served() if capture is not None else "nothing was captured"
+        if isinstance(captured, str):  # never expected: skip the checks rather than fail the step for every request
+            self.checks_skipped_total += len(due)
+            log.error("validation skipped for %d sequence(s): the served output could not be assembled (%s)",
+                      len(due), captured)  # fmt: skip
+            return
+        served, served_rows = captured
+        rows = dict(self.runner.last_sample_rows)  # scheduled index -> packed row of its sampled token
+        for index, seq, num_tokens, checks in due:
+            if not served_rows[rows[index]]:  # attended on the reserve, without the validated module
+                self.checks_skipped_total += 1
+                log.error("validation of %s skipped: its row was not served by the validated layer", seq.request_id)
+                continue
             approx = served[rows[index]]
             for check in checks:
                 self._check(check, seq, num_tokens, approx)
                 if seq.exact_path:
                     break
-        self._due = []
 
     def _check(self, check: ApproximationCheck, seq: Sequence, num_tokens: int, approx: torch.Tensor) -> None:
         try:

@@ -13,14 +13,18 @@ Replay skips the Python of forward, so a step falls back to eager whenever that 
 something a graph cannot repeat (decided by inspection; when in doubt, eager):
 - the engine never captures (`engine_fallback_reason`):
   - CPU (no CUDA graphs);
-  - model families other than llama / mistral / qwen2: DeepSeek (MLA, MoE routing with
-    data-dependent expert batches) and MiniMax (recurrent state slots attached per step);
+  - model families other than llama / mistral / qwen2 / deepseek_v2 / deepseek_v3 / minimax;
   - any attention layer that is not the plain paged `Attention`: Performer / linear conversion
-    (exact window + summary, per-sequence exact-path flags), native MLA and an MLA conversion decoded
-    in torch (latent cache, per-step plans), and the recurrent linear state. An MLA conversion whose
-    decode is a kernel captures (`kernel_decoded_conversion`): partial RoPE through mla_decode, RoPE
-    on every dim through the fused mla_conversion kernel (head dims 32/64/128/256); the store is the
-    store_latent kernel; nothing plans on the host;
+    (exact window + summary, per-sequence exact-path flags), native MLA decoded without absorption
+    (--disable-mla) and an MLA conversion decoded in torch (latent cache, per-step plans). Native
+    DeepSeek MLA with absorbed decode captures (`kernel_decoded_latent`): the store_latent and
+    mla_decode kernels, its MoE the fused_moe kernels (expert sort on the device, grid sized for the
+    worst routing). An MLA conversion whose decode is a kernel captures too (`kernel_decoded_conversion`):
+    partial RoPE through mla_decode, RoPE on every dim through the fused mla_conversion kernel (head
+    dims 32/64/128/256); nothing plans on the host;
+  - a recurrent linear state other than MiniMax's lightning layers (Performer conversions): MiniMax's
+    lightning decode is one kernel over the state pool at the step's slots, which the static buffers
+    hold (`StaticInputs.linear_slots`; padded rows have slot -1, which the kernel skips);
   - `kv_cache_dtype` auto switching, or a GQA conversion's fallback reserve (unmerged K/V blocks,
     strategies/fallback/split.py): a step's layers take per-pool paths chosen on the host;
   - eviction: resident views shrink and positions run ahead of context lengths.
@@ -58,7 +62,7 @@ from kvpilot.engine.layers.latent_attention import LatentAttention
 
 log = logging.getLogger("kvpilot.engine.worker.cuda_graphs")
 
-GRAPH_FAMILIES = ("llama", "mistral", "qwen2")
+GRAPH_FAMILIES = ("llama", "mistral", "qwen2", "deepseek_v2", "deepseek_v3", "minimax")
 GRAPH_KV_KINDS = ("model", "float32", "float16", "bfloat16", "int8", "fp8")
 TABLE_WIDTH_MULTIPLE = 16  # as the runner rounds decode block tables (one Triton specialisation)
 
@@ -108,7 +112,7 @@ def engine_fallback_reason(
     if latent_cache:
         return "MLA latent cache: per-step decode plans on the host"
     if recurrent_state:
-        return "recurrent linear-attention state: per-step state slots"
+        return "recurrent linear-attention state of a Performer conversion: per-sequence exact-path flags"
     if not plain_attention:
         return "converted attention layers (Performer / MLA conversion): data-dependent forward"
     return None
@@ -146,13 +150,15 @@ def has_forward_hooks(modules: list[nn.Module]) -> bool:
 
 @dataclass
 class StaticInputs:
-    """The graphs' inputs: ids, positions, slots, context lengths and block tables of max_bs rows."""
+    """The graphs' inputs: ids, positions, slots, context lengths, block tables and recurrent-state slots
+    of max_bs rows."""
 
     input_ids: torch.Tensor  # int64 [max_bs]
     positions: torch.Tensor  # int64 [max_bs]
     slot_mapping: torch.Tensor  # int32 [max_bs]
     context_lens: torch.Tensor  # int32 [max_bs]
     block_tables: torch.Tensor  # int32 [max_bs, width]
+    linear_slots: torch.Tensor  # int32 [max_bs]: state-pool slot per decode (-1: none)
 
     @classmethod
     def allocate(cls, max_bs: int, width: int, device: torch.device) -> StaticInputs:
@@ -161,7 +167,7 @@ class StaticInputs:
 
         return cls(
             ints(max_bs, dtype=torch.int64), ints(max_bs, dtype=torch.int64), ints(max_bs, fill=-1),
-            ints(max_bs), ints(max_bs, width, fill=-1),
+            ints(max_bs), ints(max_bs, width, fill=-1), ints(max_bs, fill=-1),
         )
 
     @property
@@ -176,9 +182,12 @@ class StaticInputs:
         self.slot_mapping[:n].copy_(ctx.slot_mapping)
         self.context_lens[:n].copy_(ctx.decode_context_lens)
         self.block_tables[:n, :width].copy_(ctx.decode_block_tables)
+        if ctx.decode_linear_slots is not None:
+            self.linear_slots[:n].copy_(ctx.decode_linear_slots)
         if n < bucket:
             self.slot_mapping[n:bucket].fill_(-1)
             self.context_lens[n:bucket].zero_()
+            self.linear_slots[n:bucket].fill_(-1)
 
     def context(self, bucket: int) -> Context:
         """The decode-only context of the first `bucket` rows (what the graph was captured with)."""
@@ -186,6 +195,7 @@ class StaticInputs:
             slot_mapping=self.slot_mapping[:bucket],
             decode_context_lens=self.context_lens[:bucket],
             decode_block_tables=self.block_tables[:bucket],
+            decode_linear_slots=self.linear_slots[:bucket],
             exact_pool_seqs=0,  # every sequence in the approximate pool: fallback_reason keeps other steps eager
             graph_static=True,
         )
@@ -263,6 +273,23 @@ def kernel_decoded_conversion(runner: Any) -> bool:
     return fused_decode_fits(runner.model_config.head_dim, runner.dtype, runner.kv_layout.dtype)
 
 
+def kernel_decoded_latent(runner: Any) -> bool:
+    """Decode over a latent cache by kernels alone: native DeepSeek MLA absorbed (mla_decode), or an MLA
+    conversion decoded by a kernel (`kernel_decoded_conversion`)."""
+    mla = getattr(runner, "mla", None)
+    if mla is not None and mla.mode == "native":
+        return bool(mla.absorbed_decode)
+    return kernel_decoded_conversion(runner)
+
+
+def kernel_decoded_state(runner: Any) -> bool:
+    """Every recurrent-state layer is MiniMax's lightning attention (one decode kernel over the pool)."""
+    from kvpilot.engine.models.minimax import LightningAttention
+
+    state = runner.linear_state
+    return state is not None and all(type(layer) is LightningAttention for layer in state.layers)
+
+
 def _kv_kind(runner: Any) -> str:
     kind = runner.kv_layout.kind
     if not runner.kv_layout.is_quantised and len(runner.kv_pool_sizes) == 2 and not kernel_decoded_conversion(runner):
@@ -273,9 +300,9 @@ def _kv_kind(runner: Any) -> str:
 
 
 def graph_attention(runner: Any) -> bool:
-    """Every attention layer is one a graph can replay: the plain paged `Attention`, or the latent
-    attention of an MLA conversion decoded by a kernel."""
-    latent = kernel_decoded_conversion(runner)
+    """Every attention layer is one a graph can replay: the plain paged `Attention`, or latent attention
+    decoded by a kernel (native absorbed MLA, a kernel-decoded MLA conversion)."""
+    latent = kernel_decoded_latent(runner)
     return all(type(m) is Attention or (latent and type(m) is LatentAttention)
                for m in runner.model.attention_layers())  # fmt: skip
 
@@ -288,8 +315,8 @@ def runner_fallback_reason(runner: Any, device_type: str | None = None) -> str |
         kv_kind=_kv_kind(runner),
         eviction=runner.config.eviction,
         plain_attention=graph_attention(runner),
-        latent_cache=runner.mla.latent_width is not None and not kernel_decoded_conversion(runner),
-        recurrent_state=runner.linear_state is not None,
+        latent_cache=runner.mla.latent_width is not None and not kernel_decoded_latent(runner),
+        recurrent_state=runner.linear_state is not None and not kernel_decoded_state(runner),
     )
 
 

@@ -6,6 +6,10 @@ the slices the parallel layers name in `tp_shard`): no rank materialises the who
 A checkpoint tensor with no parameter in the model is an error, unless the model names a reason to
 skip it (`model.checkpoint_skip_reason(name)`, e.g. DeepSeek-V3's multi-token-prediction layers);
 skipped tensors are counted and logged once per reason, never read.
+
+Mixture-of-experts layers stack their experts (models/moe.StackedExperts: w13 [E, 2I, H], w2
+[E, H, I]); a per-expert checkpoint tensor (`...experts.{e}.gate_proj.weight`, MiniMax's `w1`)
+is copied into its slice of the stacked parameter, which counts as loaded once every slice is.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from tqdm import tqdm
 
 from kvpilot.checkpoint_digest import file_sha256
 from kvpilot.engine.layers.parallel import tp_shards
+from kvpilot.engine.models.moe import stacked_piece
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -98,6 +103,7 @@ def load_weights(
     skipped_tensors: Counter[str] = Counter()
     skipped_bytes: Counter[str] = Counter()
     loaded: set[str] = set()
+    stacked: Counter[str] = Counter()  # elements copied into each stacked-expert parameter
     total = 0
     files = weight_files(model_dir)
     with tqdm(desc="loading weights", unit="tensor", disable=not show_progress) as bar:
@@ -105,6 +111,14 @@ def load_weights(
             with safe_open(str(path), framework="pt") as f:
                 for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
                     if name.endswith(IGNORED_SUFFIXES):
+                        continue
+                    piece = stacked_piece(model, name) if name not in params else None
+                    if piece is not None:
+                        tensor = f.get_tensor(name)
+                        _copy_checked(path.name, name, tensor, params[piece.param][piece.index])
+                        stacked[piece.param] += tensor.numel()
+                        total += tensor.numel() * tensor.element_size()
+                        bar.update(1)
                         continue
                     if name not in params:
                         reason = skip_reason(name)
@@ -147,6 +161,7 @@ def load_weights(
             model_dir,
             reason,
         )
+    loaded |= {n for n, count in stacked.items() if count == params[n].numel()}
     tied = {n for n, p in params.items() if any(p is params[m] for m in loaded)}
     missing = sorted(set(params) - loaded - tied)
     if missing:
@@ -154,6 +169,15 @@ def load_weights(
             f"checkpoint in {model_dir} lacks parameters {missing[:5]}{'...' if len(missing) > 5 else ''}"
         )
     return total
+
+
+def _copy_checked(file: str, name: str, tensor: torch.Tensor, target: torch.Tensor) -> None:
+    if tuple(tensor.shape) != tuple(target.shape):
+        raise ValueError(
+            f"{file}: tensor {name!r} has shape {tuple(tensor.shape)}, the model expects {tuple(target.shape)}"
+        )
+    with torch.no_grad():
+        target.copy_(tensor)
 
 
 def _transformed(transform: Callable[[str, torch.Tensor], torch.Tensor] | None, name: str) -> bool:

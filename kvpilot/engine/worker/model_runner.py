@@ -36,6 +36,7 @@ from kvpilot.engine.worker.memory import (
     pick_dtype,
     torch_memory,
 )
+from kvpilot.engine.worker.pending import PLACEHOLDER, HostReadback, PendingStep
 from kvpilot.engine.worker.sampler import TopLogprobs, sample, token_logprobs
 from kvpilot.engine.worker.state_cache import build_linear_state
 
@@ -72,6 +73,10 @@ class ModelRunner:
             model = build_model(model_config).to(self.dtype)
         self.model = model.to_empty(device=self.device)
         self.model.tie_weights()
+        if hasattr(self.model, "merge_projections"):  # the Llama family: merged QKV and gate/up GEMMs
+            self.model.merge_projections()
+            if self.is_cuda:
+                torch.cuda.empty_cache()  # the separate tensors' memory back to the driver (the KV pool sizes from it)
         self._restore_buffers()
         self.gqa_orders: list[list[int]] | None = None  # per layer, when GQA heads were grouped on calibration text
         if config.load_format == "dummy":
@@ -93,6 +98,7 @@ class ModelRunner:
         self.structured: Any = None  # engine/structured/matchers.StructuredOutput, set by LLMEngine
         self.block_rows = BlockTableRows(rows=config.max_num_seqs)  # host mirror of the block tables
         self.stager = InputStager(self.device)  # the step's inputs to the device, one copy per dtype
+        self.readback = HostReadback(self.device)  # sampled tokens to the host without blocking (launch)
         self._sample_index: torch.Tensor | None = None
         self._estimated = (0, 0)  # (tokens, logit rows) of the largest CPU activation estimate so far
         self.activation_peak_bytes = 0
@@ -170,7 +176,36 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, out: SchedulerOutput) -> list[int | None]:
         """Run the scheduled chunks; return a sampled token for each chunk that ends its sequence."""
-        ctx, input_ids, positions, sample_rows = self._prepare(out)
+        sample_rows, picked, logits, seqs = self._execute(out, None)
+        sampled: list[int | None] = [None] * len(out.scheduled)
+        self.last_logprobs = {}
+        if picked is not None:
+            self.last_logprobs = self._logprobs(logits, picked, seqs, sample_rows)
+            for (i, _), token in zip(sample_rows, picked.tolist(), strict=True):
+                sampled[i] = int(token)
+        return sampled
+
+    @torch.inference_mode()
+    def launch(self, out: SchedulerOutput, prev: PendingStep | None) -> PendingStep:
+        """Queue the step on the device and return without waiting for its tokens (async scheduling).
+
+        Chunks whose last token is `prev`'s sampled token, not yet read back (PLACEHOLDER on the host),
+        take it from `prev.sampled` on the device. No log-probabilities: the engine runs steps that ask
+        for them through run().
+        """
+        sample_rows, picked, _, _ = self._execute(out, prev)
+        self.last_logprobs = {}
+        pending = PendingStep(out, sample_rows, picked)
+        if picked is not None:
+            pending.host, pending.copied = self.readback.start(picked)
+            pending.row_of = {out.scheduled[i].seq.request_id: k for k, (i, _) in enumerate(sample_rows)}
+        return pending
+
+    def _execute(
+        self, out: SchedulerOutput, prev: PendingStep | None
+    ) -> tuple[list[tuple[int, int]], torch.Tensor | None, torch.Tensor | None, list[Sequence]]:
+        """Forward and sampling of one step: (sample rows, picked tokens on the device, logits, their seqs)."""
+        ctx, input_ids, positions, sample_rows = self._prepare(out, prev)
         self.last_sample_rows = sample_rows  # (scheduled index, packed row): read by validation/runner.py
         if self.linear_state is not None:
             self.linear_state.attach(ctx, out)
@@ -179,18 +214,15 @@ class ModelRunner:
             hidden = self._forward(ctx, input_ids, positions)
         finally:
             reset_context()
-        sampled: list[int | None] = [None] * len(out.scheduled)
-        self.last_logprobs = {}
+        picked = logits = None
+        seqs: list[Sequence] = []
         if sample_rows:
             last = hidden if self._sample_index is None else hidden[self._sample_index]
             logits = self.model.compute_logits(last).float()
             seqs = [out.scheduled[i].seq for i, _ in sample_rows]
             picked = self._sample(logits, seqs)
-            self.last_logprobs = self._logprobs(logits, picked, seqs, sample_rows)
-            for (i, _), token in zip(sample_rows, picked.tolist(), strict=True):
-                sampled[i] = int(token)
         self._track_activation(input_ids.numel(), len(sample_rows))
-        return sampled
+        return sample_rows, picked, logits, seqs
 
     def _forward(self, ctx: Context, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         graphs = self.decode_graphs
@@ -199,7 +231,7 @@ class ModelRunner:
         return self.model(input_ids, positions)
 
     def _prepare(
-        self, out: SchedulerOutput
+        self, out: SchedulerOutput, prev: PendingStep | None = None
     ) -> tuple[Context, torch.Tensor, torch.Tensor, list[tuple[int, int]]]:
         """Pack prefill chunks first, then single-token decodes; return (context, ids, positions,
         [(scheduled index, packed row of its last token) for chunks that sample]).
@@ -253,14 +285,25 @@ class ModelRunner:
             shapes += part_shapes
         int64_parts = [np.array(input_ids, dtype=np.int64), positions]
         self._sample_index = None  # decode-only steps sample every row in order: no gather needed
+        num_sample_index = 0
         if sample_rows and len(sample_rows) < num_tokens:
             int64_parts.append(np.array([r for _, r in sample_rows], dtype=np.int64))
+            num_sample_index = len(sample_rows)
+        feed = self._feed_rows(items, sample_rows, prev)  # (packed row, prev's sampled row) of unread tokens
+        if feed:
+            int64_parts.append(np.array(feed, dtype=np.int64).T.ravel())
         with self.stager:
             meta = InputStager.split(self.stager.pack(int32_parts, np.int32), shapes)
             packed64 = self.stager.pack(int64_parts, np.int64)
         ids, pos = packed64[:num_tokens], packed64[num_tokens : 2 * num_tokens]
-        if len(int64_parts) == 3:
-            self._sample_index = packed64[2 * num_tokens :]
+        at = 2 * num_tokens
+        if num_sample_index:
+            self._sample_index = packed64[at : at + num_sample_index]
+            at += num_sample_index
+        if feed:  # the previous step's tokens into this step's ids, on the device: no host sync
+            assert prev is not None and prev.sampled is not None
+            dst, src = packed64[at : at + len(feed)], packed64[at + len(feed) : at + 2 * len(feed)]
+            ids[dst] = prev.sampled[src]
         ctx = Context(slot_mapping=meta.pop(0), num_prefill_tokens=int(ends[num_prefill - 1]) if num_prefill else 0)
         # a sequence's blocks all lie in its pool: its first block tells which (core/pools.py)
         ctx.exact_pool_seqs = int(np.count_nonzero(table[rows, 0] < self.first_approx_block))
@@ -270,6 +313,22 @@ class ModelRunner:
         if num_prefill < len(order):
             ctx.decode_context_lens, ctx.decode_block_tables = meta
         return ctx, ids, pos, sample_rows
+
+    @staticmethod
+    def _feed_rows(
+        items: list[Any], sample_rows: list[tuple[int, int]], prev: PendingStep | None
+    ) -> list[tuple[int, int]]:
+        """(packed row, row of prev.sampled) for chunks ending in a token still on the device. Such a token is
+        a sequence's last (PLACEHOLDER on the host), so only a sampling chunk reaches it, at its sample row."""
+        if prev is None or not prev.row_of:
+            return []
+        feed = []
+        for index, row in sample_rows:
+            seq = items[index].seq
+            k = prev.row_of.get(seq.request_id)
+            if k is not None and seq.token_ids[-1] == PLACEHOLDER:
+                feed.append((row, k))
+        return feed
 
     @staticmethod
     def _logprobs(

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Issue 30 on the H200, one device call per stage (600 s a command):
+#   run(command="bash bench/device_issue30.sh speed", carry=[".whl"])  # bounds, gpu tests, offline, decode steps,
+#                                                                     # serving burst (engine thread in the server)
+#   run(command="bash bench/device_issue30.sh serve", carry=[".whl"])  # serving burst, engine core in its own
+#                                                                     # process and in a thread; Poisson 2 req/s
+# Everything is logged to $OUT/issue30.log; each step's JSON record also to $OUT/records.jsonl.
+set -u
+start=$SECONDS
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || exit 1
+export PYTHONPATH=/tmp/site:. PYTHON=python3 PYTHONUNBUFFERED=1
+out=${OUT:-device_out}
+mkdir -p "$out"
+log=$out/issue30.log
+left() { echo $(( ${BUDGET:-585} - (SECONDS - start) )); }
+step() {  # step NAME TIMEOUT CMD...: run CMD under a timeout if there is time left, log it, keep its last line
+  local name=$1 limit=$2; shift 2
+  (( $(left) < 20 )) && { echo "== $name: skipped (no time left)" | tee -a "$log"; return; }
+  (( limit > $(left) )) && limit=$(left)
+  echo "== $name ($(date +%T), ${limit}s): $*" | tee -a "$log"
+  timeout "$limit" "$@" > "/tmp/$name.txt" 2>&1
+  echo "== $name rc=$? after $((SECONDS - start))s" >> "/tmp/$name.txt"
+  grep -v -E "it/s\]|s/it\]|^\s*$" "/tmp/$name.txt" | tail -40 | tee -a "$log"
+  local record; record=$(grep '^{' "/tmp/$name.txt" | tail -1)
+  [[ -n $record ]] && echo "{\"step\": \"$name\", \"record\": $record}" >> "$out/records.jsonl"
+  [[ $name == offline ]] && echo "$record" > /tmp/offline.json
+  return 0
+}
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee -a "$log"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$log"
+W="--num-requests 256 --input-len 100:1024 --output-len 100:1024 --seed 0"
+E=${SERVE_FLAGS:---max-num-seqs 256 --max-num-batched-tokens 16384 --cuda-graphs}  # as bench/device_serving.sh
+serve_dir() { mkdir -p "/tmp/serve-$1" && cp /tmp/offline.json "/tmp/serve-$1/offline.json"; echo "/tmp/serve-$1"; }
+case "${1:-speed}" in
+speed)
+  step bounds 60 python3 bench/speed_bounds.py
+  step gpu_tests 150 python3 -m pytest -p no:cacheprovider -m gpu -q -o addopts="" -rf -x \
+    tests/gpu/test_async_scheduling_gpu.py tests/gpu/test_engine_gpu.py tests/gpu/test_cuda_graphs_gpu.py
+  step offline 130 python3 -m kvpilot.cli bench offline --shape llama-3-8b --no-progress
+  step decode_b1 80 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 --top 8
+  step decode_b256 80 python3 bench/profile_decode_kernels.py --batch 256 --context 700 --top 8
+  step offline_int8 100 python3 -m kvpilot.cli bench offline --shape llama-3-8b --kv-cache-dtype int8 --no-progress
+  step serve_burst 150 env OFFLINE=0 bench/serve_vs_offline.sh shape:llama-3-8b "$(serve_dir thread)" "$W" "$E" inf
+  cp /tmp/serve-thread/report.json "$out/serve_burst_report.json" 2>/dev/null
+  step offline_sync 100 python3 -m kvpilot.cli bench offline --shape llama-3-8b --async-scheduling off --no-progress
+  ;;
+serve)  # the offline figure of the speed stage's run (.whl/offline_run1.json) is the reference
+  cp .whl/offline_run1.json /tmp/offline.json
+  step serve_core 130 env OFFLINE=0 bench/serve_vs_offline.sh shape:llama-3-8b "$(serve_dir core)" "$W" \
+    "$E --engine-core process" inf
+  cp /tmp/serve-core/report.json "$out/serve_core_report.json" 2>/dev/null
+  step serve_poisson 130 env OFFLINE=0 bench/serve_vs_offline.sh shape:llama-3-8b "$(serve_dir poisson)" \
+    "--num-requests 60 --input-len 100:1024 --output-len 100:1024 --seed 1" "$E --engine-core process" 2
+  cp /tmp/serve-poisson/report.json "$out/serve_poisson_report.json" 2>/dev/null
+  step serve_thread 130 env OFFLINE=0 bench/serve_vs_offline.sh shape:llama-3-8b "$(serve_dir thread)" "$W" "$E" inf
+  cp /tmp/serve-thread/report.json "$out/serve_thread_report.json" 2>/dev/null
+  ;;
+poisson)  # Poisson 2 req/s alone, engine core in its own process
+  cp .whl/offline_run1.json /tmp/offline.json
+  step serve_poisson 130 env OFFLINE=0 bench/serve_vs_offline.sh shape:llama-3-8b "$(serve_dir poisson)" \
+    "--num-requests 60 --input-len 100:1024 --output-len 100:1024 --seed 1" "$E --engine-core process" 2
+  cp /tmp/serve-poisson/report.json "$out/serve_poisson_report.json" 2>/dev/null
+  ;;
+esac
+echo "== done after $((SECONDS - start))s" | tee -a "$log"
