@@ -10,6 +10,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("kvpilot.engine.server.cli", "run the inference engine with its OpenAI-compatible API"),
     "digest": ("kvpilot.checkpoint_digest", "print a checkpoint's SHA256 digest (for serve --model-sha256)"),
+    "storage-init": ("kvpilot.storage.init", "fetch a model from oci://, s3:// or hf:// into the node cache"),
     "plan": ("kvpilot.planner.cli", "print the KV capacity plan for a model config and GPU"),
     "make-model": ("kvpilot.engine.make_model", "write a small random checkpoint and tokenizer"),
     "sidecar": ("kvpilot.sidecar.cli", "export engine and GPU metrics for Prometheus"),
@@ -20,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 # The pyproject extra whose packages a command imports (an image installs only some extras).
 EXTRAS: dict[str, str] = {"serve": "engine", "make-model": "engine", "sidecar": "sidecar", "operator": "operator",
-                          "demo": "all", "bench": "engine"}
+                          "storage-init": "storage", "demo": "all", "bench": "engine"}
 
 
 def _top_parser() -> argparse.ArgumentParser:

@@ -45,6 +45,10 @@ def metrics_markdown() -> str:
         "- When the engine cannot be read, only `kvpilot_engine_up 0`, `kvpilot_engine_restarts_total` "
         "and `kvpilot_engine_scrape_duration_seconds` (and the GPU families) are served; engine-derived "
         "families disappear, so Prometheus marks them stale rather than storing old values as new.",
+        "- The engine counts as unreadable too when its page does not arrive whole within `--scrape-timeout` "
+        "(one deadline for the whole read, not per chunk), is larger than 16 MiB (decoded), nests deeper than "
+        "the JSON parser goes, or is shaped in a way the feed's checks did not foresee: a feed is never "
+        "trusted into a hung scrape or a `/metrics` 500.",
         "- The same holds while the engine's snapshot is older than `--max-stats-age` (5 s; its engine "
         "thread is busy): `kvpilot_engine_up` stays 1 and `kvpilot_engine_stats_age_seconds` says how old "
         "the snapshot is, but no engine figure is passed off as current.",
@@ -68,7 +72,43 @@ def metrics_markdown() -> str:
     for group, title in GROUP_TITLES.items():
         lines += [f"| **{title}** | | | | | |"]
         lines += [_row(spec) for spec in SCHEMA if spec.group == group]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _api_port_lines()) + "\n"
+
+
+def _api_port_lines() -> list[str]:
+    """The engine's API port (:8000/metrics): vLLM's names beside the kvpilot_ engine families."""
+    from kvpilot.engine.server.vllm_metrics import CACHE_CONFIG_INFO, VLLM_TABLE
+
+    lines = [
+        "",
+        "## On the engine's API port: vLLM's names",
+        "",
+        "`kvpilot serve` also answers `GET /metrics` on its API port (8000) with vLLM's metric names, "
+        "labels (`model_name`: the served model name; `engine`: `0`) and histogram bucket bounds "
+        "(vllm/v1/metrics/loggers.py), beside the engine-derived `kvpilot_*` families of the table "
+        "above, from the same stats-feed snapshot. vLLM dashboards (production-stack's), KEDA and "
+        "prometheus-adapter recipes, and the Gateway API Inference Extension's endpoint picker read "
+        "kvpilot pods as they read vLLM pods.",
+        "",
+        "- A design change: DESIGN.md had the engine never format Prometheus text and the sidecar own "
+        "every name. vLLM compatibility needs the model server's own port to serve them, so the API "
+        "server imports the sidecar's torch-free field table and family builder "
+        "(`kvpilot.sidecar.feed`, `readings`, `schema`): names, types and help still come from one "
+        "table each, and the sidecar (`:9400`) stays the home of GPU figures, engine health across "
+        "restarts, and adapters for other engines.",
+        "- The page is always the classic text format (0.0.4): prometheus_client's OpenMetrics encoder "
+        "would rewrite `vllm:` to `vllm_` in sample names. Under `--api-key`, `/metrics` needs no key "
+        "(as vLLM's): it carries counts, never prompts.",
+        "- 503 with `Retry-After` while the engine loads, or while its snapshot is older than 5 s "
+        "(a busy engine thread): a failed scrape rather than old figures stored as new.",
+        "- `vllm:inter_token_latency_seconds` observes every token gap, as vLLM does (kvpilot's "
+        "`kvpilot_tpot_seconds` is the per-request mean); `vllm:time_per_output_token_seconds` and "
+        "`vllm:gpu_cache_usage_perc` are the older names production-stack's dashboard still queries.",
+        "",
+        "| name | type | unit | labels | meaning | source |",
+        "|---|---|---|---|---|---|",
+    ]
+    return lines + [_row(row.spec) for row in VLLM_TABLE] + [_row(CACHE_CONFIG_INFO)]
 
 
 def adapters_markdown() -> str:
@@ -113,6 +153,10 @@ def adapters_markdown() -> str:
         "`kvpilot_engine_info` have no source on those engines: they exist only where the engine "
         "measures them (kvpilot's). A rollout gate on one of them sees no data on a vLLM or SGLang "
         "fleet and, by the operator's rule, does not promote.",
+        "",
+        "The other direction: kvpilot's own engine serves vLLM's names on its API port "
+        "(`:8000/metrics`, see docs/metrics.md), so tools written for vLLM pods read kvpilot pods; "
+        "a unit test reads that page back through the vLLM adapter above to the kvpilot feed's figures.",
     ]
     return "\n".join(lines) + "\n"
 

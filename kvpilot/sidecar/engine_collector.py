@@ -54,6 +54,9 @@ class EngineCollector:
         except SourceError as exc:
             identity, up = None, False
             self._log_problem(f"engine not readable, exporting kvpilot_engine_up 0: {exc}")
+        except Exception as exc:  # a feed shaped in a way no check foresaw: down, never a 500 on /metrics
+            identity, up, readings = None, False, Readings()
+            self._log_problem(f"engine feed unreadable ({type(exc).__name__}), exporting kvpilot_engine_up 0")
         duration = time.perf_counter() - start
         if up:
             age = feed_age(readings)

@@ -196,7 +196,7 @@ ENGINE: tuple[MetricSpec, ...] = (
        "Cosine similarity of the latest validation check (-1 to 1; fallback below 0.92).",
        "validation.last_cosine"),
     _c("validation_checks_skipped_total", "",
-       "Validation checks skipped because the exact side ran out of device memory (logged).",
+       "Validation checks skipped (logged): the exact side ran out of device memory, or a step's served rows could not be reassembled.",
        "validation.checks_skipped_total"),
 )
 

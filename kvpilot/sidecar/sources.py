@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Protocol
 from urllib.parse import urlsplit, urlunsplit
 
@@ -14,6 +15,8 @@ from kvpilot.sidecar.feed import FeedError, feed_readings
 from kvpilot.sidecar.readings import Readings
 
 ENGINE_KINDS = ("kvpilot", *ADAPTERS)
+MAX_PAGE_BYTES = 16 * 1024 * 1024  # a stats feed is kilobytes; a vLLM /metrics page rarely a megabyte
+DEFAULT_DEADLINE_SECONDS = 2.0
 
 
 class SourceError(RuntimeError):
@@ -37,14 +40,29 @@ def with_default_path(url: str, path: str) -> str:
     return urlunsplit(parts)
 
 
-def _get(client: httpx.Client, url: str) -> httpx.Response:
+def _get(client: httpx.Client, url: str) -> bytes:
+    """The page's bytes, read within one total deadline (the client's read timeout, i.e. --scrape-timeout)
+    and at most MAX_PAGE_BYTES: a feed that trickles in or never ends is 'not readable', not a hung scrape."""
+    deadline_s = client.timeout.read or DEFAULT_DEADLINE_SECONDS
+    started = time.monotonic()
     try:
-        response = client.get(url)
+        with client.stream("GET", url) as response:
+            if response.status_code != 200:
+                raise SourceError(f"GET {url} answered HTTP {response.status_code}")
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > MAX_PAGE_BYTES:
+                raise SourceError(f"GET {url}: the page is {declared} bytes; at most {MAX_PAGE_BYTES} are read")
+            chunks, size = [], 0
+            for chunk in response.iter_bytes():  # decoded: a small gzip of a huge page counts as huge
+                size += len(chunk)
+                if size > MAX_PAGE_BYTES:
+                    raise SourceError(f"GET {url}: the page exceeds {MAX_PAGE_BYTES} bytes; at most that is read")
+                if time.monotonic() - started > deadline_s:
+                    raise SourceError(f"GET {url}: the page did not arrive within {deadline_s:g} s (--scrape-timeout)")
+                chunks.append(chunk)
     except httpx.HTTPError as exc:
         raise SourceError(f"GET {url} failed: {type(exc).__name__}: {exc}") from exc
-    if response.status_code != 200:
-        raise SourceError(f"GET {url} answered HTTP {response.status_code}")
-    return response
+    return b"".join(chunks)
 
 
 class KvpilotFeedSource:
@@ -54,11 +72,13 @@ class KvpilotFeedSource:
         self.url = with_default_path(engine_url, contract.STATS_PATH)
 
     def read(self, client: httpx.Client) -> tuple[str | None, Readings]:
-        response = _get(client, self.url)
+        content = _get(client, self.url)
         try:
-            feed = json.loads(response.content)
+            feed = json.loads(content)
             readings = feed_readings(feed)
-        except (json.JSONDecodeError, UnicodeDecodeError, FeedError) as exc:
+        except RecursionError as exc:
+            raise SourceError(f"{self.url}: the feed nests deeper than the JSON parser goes") from exc
+        except (ValueError, FeedError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             raise SourceError(f"{self.url}: {exc}") from exc
         return str(feed["engine"]["instance_id"]), readings
 
@@ -71,9 +91,9 @@ class PrometheusPageSource:
         self.adapter = adapter
 
     def read(self, client: httpx.Client) -> tuple[str | None, Readings]:
-        response = _get(client, self.url)
+        content = _get(client, self.url)
         try:
-            return read_page(self.adapter, response.text)
+            return read_page(self.adapter, content.decode("utf-8", errors="replace"))
         except AdapterError as exc:
             raise SourceError(f"{self.url}: {exc}") from exc
 

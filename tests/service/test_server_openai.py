@@ -111,6 +111,21 @@ def test_chat_streaming_with_and_without_usage(client: openai.OpenAI) -> None:
     assert "".join(c.choices[0].delta.content or "" for c in plain if c.choices) == text
 
 
+def test_streamed_chat_with_n_choices_rebuilds_each_message(client: openai.OpenAI) -> None:
+    """The SDK's stream helper builds every choice's message from that choice's own deltas: each
+    needs its role, and the rebuilt choices equal the whole answer's (same seed)."""
+    kwargs = {"model": SERVED_MODEL, "messages": [{"role": "user", "content": "Two ways"}], "max_tokens": 6,
+              "n": 3, "seed": 11, "temperature": 1.0, "extra_body": LONG}  # fmt: skip
+    whole = client.chat.completions.create(**kwargs)
+    with client.chat.completions.stream(**kwargs) as stream:  # get_final_completion refuses finish "length"
+        for _ in stream:
+            pass
+        rebuilt = stream.current_completion_snapshot
+    assert [c.message.role for c in rebuilt.choices] == ["assistant"] * 3
+    assert [(c.index, c.message.content, c.finish_reason) for c in rebuilt.choices] == \
+        [(c.index, c.message.content, c.finish_reason) for c in whole.choices]  # fmt: skip
+
+
 def test_sse_wire_format(server: ServerProcess) -> None:
     body = {"model": SERVED_MODEL, "prompt": PROMPT, "max_tokens": 5, "stream": True, **LONG}
     with httpx.stream("POST", server.base_url + "/v1/completions", json=body, timeout=60) as response:

@@ -83,6 +83,29 @@ def test_completions_guided_fields_and_structured_outputs(server: ServerProcess)
     assert streamed_text(server, "/v1/completions", cut) == ({0: "ab", 1: "ab"}, {0: "stop", 1: "stop"})
 
 
+def test_ignore_eos_keeps_the_constraint_then_runs_to_max_tokens(server: ServerProcess) -> None:
+    """vLLM's behaviour, which benchmark clients (inference-perf) rely on: the output follows the
+    schema until it is complete, then runs free for exactly max_tokens tokens."""
+    schema = {"type": "object", "properties": {"k": {"enum": [1, 2]}}, "required": ["k"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "k", "schema": schema}}
+    body = {**CHAT, "response_format": fmt, "max_tokens": 50, "temperature": 1.0, "seed": 4, "n": 2,
+            "ignore_eos": True}  # fmt: skip
+    response = post(server, "/v1/chat/completions", body)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == 100
+    for choice in response.json()["choices"]:
+        text = choice["message"]["content"]
+        value, end = json.JSONDecoder().raw_decode(text)
+        jsonschema.validate(value, schema)
+        assert choice["finish_reason"] == "length" and text[end:].strip(), text  # free text after the JSON
+    texts, reasons = streamed_text(server, "/v1/chat/completions", body)
+    assert texts == {c["index"]: c["message"]["content"] for c in response.json()["choices"]}
+    assert set(reasons.values()) == {"length"}
+    done = post(server, "/v1/completions", {"prompt": "Pick: ", "guided_choice": ["red", "blue"], "max_tokens": 20,
+                                            "ignore_eos": True}).json()  # fmt: skip
+    assert done["usage"]["completion_tokens"] == 20 and done["choices"][0]["text"].startswith(("red", "blue"))
+
+
 @pytest.mark.parametrize(
     ("extra", "param", "text"),
     [
@@ -98,7 +121,6 @@ def test_completions_guided_fields_and_structured_outputs(server: ServerProcess)
         ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "exactly one"),
         ({"structured_outputs": {"structural_tag": "x"}}, "structured_outputs", "structural_tag is not supported"),
         ({"guided_decoding_backend": "outlines", "guided_regex": "a"}, "guided_decoding_backend", "xgrammar"),
-        ({"response_format": {"type": "json_object"}, "ignore_eos": True}, None, "ignore_eos cannot be combined"),
     ],
 )  # fmt: skip
 def test_bad_constraints_are_400_naming_the_field(server: ServerProcess, extra: dict, param: str | None,

@@ -74,6 +74,50 @@ def test_required_gives_valid_calls_whole_and_streamed(server: ServerProcess) ->
         assert [(c["name"], json.loads(c["arguments"])) for c in got["calls"].values()] == want
 
 
+def test_required_cut_by_max_tokens_gives_the_same_calls_whole_and_streamed(server: ServerProcess) -> None:
+    """As OpenAI: a call cut by max_tokens is still a tool call (its arguments as far as they got,
+    finish "length"), not the raw JSON fragment as content; whole and streamed agree exactly."""
+    body = {**BASE, "tool_choice": "required", "parallel_tool_calls": False}
+    full = post(server, body).json()
+    (call,) = full["choices"][0]["message"]["tool_calls"]
+    for back in range(3, 10):  # the last few tokens close the array: find a cut inside the arguments
+        cut = {**body, "max_tokens": full["usage"]["completion_tokens"] - back}
+        choice = post(server, cut).json()["choices"][0]
+        assert choice["finish_reason"] == "length" and choice["message"]["content"] is None, choice
+        (partial,) = choice["message"]["tool_calls"]
+        assert partial["id"].startswith("call_") and partial["function"]["name"] == call["function"]["name"]
+        arguments = partial["function"]["arguments"]
+        assert call["function"]["arguments"].startswith(arguments), (arguments, call)
+        if arguments != call["function"]["arguments"]:
+            break
+    assert arguments and arguments != call["function"]["arguments"], "no cut fell inside the arguments"
+    got = streamed(server, cut)[0]
+    assert got["finish_reason"] == "length" and got["content"] == ""
+    assert [(c["name"], c["arguments"]) for c in got["calls"].values()] == [(call["function"]["name"], arguments)]
+
+
+def test_ignore_eos_runs_on_after_the_calls(server: ServerProcess) -> None:
+    """inference-perf sends ignore_eos with every request: the calls are constrained as without it,
+    then the output runs free to max_tokens (as vLLM); that text is the content, whole and streamed."""
+    body = {**BASE, "tool_choice": "required", "parallel_tool_calls": False, "ignore_eos": True, "max_tokens": 90}
+    response = post(server, body)
+    assert response.status_code == 200, response.text
+    choice, usage = response.json()["choices"][0], response.json()["usage"]
+    assert usage["completion_tokens"] == 90 and choice["finish_reason"] == "length"
+    check_calls(choice["message"]["tool_calls"])
+    assert choice["message"]["content"], choice  # the free-running text after the array
+    got = streamed(server, body)[0]
+    assert got["content"] == choice["message"]["content"] and got["finish_reason"] == "length"
+    assert [c["arguments"] for c in got["calls"].values()] == [choice["message"]["tool_calls"][0]["function"]["arguments"]]
+    named = {**BASE, "tool_choice": {"type": "function", "function": {"name": "lookup"}}, "ignore_eos": True,
+             "max_tokens": 40}  # fmt: skip
+    message = post(server, named).json()["choices"][0]["message"]
+    check_calls(message["tool_calls"])
+    got = streamed(server, named)[0]
+    assert got["calls"][0]["arguments"] == message["tool_calls"][0]["function"]["arguments"]
+    assert got["content"] == (message["content"] or "")
+
+
 def test_named_function_streams_its_arguments(server: ServerProcess) -> None:
     body = {**BASE, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
     response = post(server, body)

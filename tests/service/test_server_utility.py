@@ -27,6 +27,10 @@ def test_tokenize_detokenize_round_trip(server: ServerProcess, tiny_model: Path)
     assert bare["tokens"] == tok.encode(text, add_special_tokens=False)
     back = httpx.post(server.base_url + "/detokenize", json={"model": SERVED_MODEL, "tokens": bare["tokens"]}).json()
     assert back["prompt"] == tok.decode(bare["tokens"])
+    # special tokens stay in the text, as vLLM's /detokenize keeps them (lm-eval sends that text back)
+    special = [tok.eos_token_id, *bare["tokens"]]
+    kept = httpx.post(server.base_url + "/detokenize", json={"tokens": special}).json()["prompt"]
+    assert kept == tok.eos_token + text and tok.encode(kept, add_special_tokens=False) == special
     bad = httpx.post(server.base_url + "/detokenize", json={"tokens": [1, 10**7]})
     assert bad.status_code == 400 and "out of range" in bad.json()["error"]["message"]
     neither = httpx.post(server.base_url + "/tokenize", json={"model": SERVED_MODEL})

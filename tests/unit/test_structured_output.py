@@ -155,8 +155,6 @@ def test_spec_validation_and_keys() -> None:
                         ("json_object", {}), ("xml", None)]:  # fmt: skip
         with pytest.raises(ValueError):
             StructuredSpec(kind, value)
-    with pytest.raises(ValueError, match="ignore_eos"):
-        SamplingParams(ignore_eos=True, structured=StructuredSpec("json_object"))
     assert ebnf_literal('a"\\\n\x01é') == '"a\\"\\\\\\n\\x01é"'
 
 
@@ -202,3 +200,36 @@ def test_a_token_outside_the_grammar_ends_the_row_with_eos(engine: LLMEngine) ->
         assert allowed == sorted(engine.tokenizer.eos_token_ids)
     finally:
         structured.release("broken")
+
+
+def test_ignore_eos_holds_the_grammar_until_its_eos_then_runs_free(engine: LLMEngine) -> None:
+    """As vLLM: the EOS that completes the grammar does not stop the row; from there it is unmasked
+    (its matcher is dropped) and generates up to max_tokens."""
+    ids = engine.tokenizer.encode(PROMPT)
+    eos = set(engine.tokenizer.eos_token_ids)
+    schema = {"type": "object", "properties": {"k": {"enum": [1, 2]}}, "required": ["k"], "additionalProperties": False}
+    specs = [StructuredSpec("json_schema", schema), StructuredSpec("choice", ("ab", "cd"))]
+    tokens: dict[str, list[int]] = {}
+    for i, spec in enumerate(specs * 2):
+        engine.add_request(f"free{i}", ids, SamplingParams(temperature=1.0, seed=i, max_tokens=60, ignore_eos=True,
+                                                           structured=spec))  # fmt: skip
+        tokens[f"free{i}"] = []
+    reasons: dict[str, str | None] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens[out.request_id] += out.new_token_ids
+            if out.finished:
+                reasons[out.request_id] = out.finish_reason
+    assert len(engine.structured) == 0
+    for i, spec in enumerate(specs * 2):
+        got = tokens[f"free{i}"]
+        assert len(got) == 60 and reasons[f"free{i}"] == "length", got
+        end = next(k for k, t in enumerate(got) if t in eos)  # the grammar's end
+        constrained = engine.tokenizer.decode(got[:end])
+        if spec.kind == "json_schema":
+            jsonschema.validate(json.loads(constrained), schema)
+        else:
+            assert constrained in ("ab", "cd"), constrained
+        free = got[end + 1 :]
+        # unmasked, the random model writes anything: a masked row could only repeat EOS
+        assert len(set(free) - eos) > 5, free

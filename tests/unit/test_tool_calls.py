@@ -198,3 +198,34 @@ def test_auto_hermes_sends_each_call_when_its_block_closes() -> None:
     sent = [d for part in single.feed(two) for d in part.get("tool_calls", [])] + \
         [d for part in single.finish("stop")[0] for d in part.get("tool_calls", [])]  # fmt: skip
     assert [d["index"] for d in sent] == [0]
+
+
+@pytest.mark.parametrize("text", ['[{"name": "lookup", "arguments": {"id": 1', '[{"name": "lookup", "arguments": {}}, {"na',
+                                  '[{"name": "get_weather", "arguments": {"city": "O'])  # fmt: skip
+def test_required_cut_by_max_tokens_whole_equals_streamed(text: str) -> None:
+    plan = ToolPlan("required", TOOLS)
+    content, calls_, reason = plan.message(text, "length")
+    _, deltas, streamed_reason = streamed(plan, text, "length")
+    assert content is None and reason == streamed_reason == "length"
+    got = [(c["function"]["name"], c["function"]["arguments"]) for c in calls_ or []]
+    names = {d["index"]: d["function"]["name"] for d in deltas if "id" in d}
+    assert got == [(names[i], "".join(d["function"]["arguments"] for d in deltas if d["index"] == i)) for i in names]
+
+
+def test_text_past_the_constraint_is_content_not_calls() -> None:
+    """ignore_eos runs the output on after the constraint's end: what follows (here text that looks
+    like more calls) is content, whole and streamed alike."""
+    required = ToolPlan("required", TOOLS)
+    text = '[{"name": "lookup", "arguments": {"id": 1}}] [{"name": "get_weather", "arguments": {}}] more'
+    content, whole, reason = required.message(text, "length")
+    assert content == ' [{"name": "get_weather", "arguments": {}}] more' and reason == "length"
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in whole or []] == [("lookup", '{"id": 1}')]
+    assert streamed(required, text, "length")[0] == content
+    assert len([d for d in streamed(required, text, "length")[1] if "id" in d]) == 1
+    assert required.message('[{"name": "lookup", "arguments": {}}]  \n', "length")[0] is None  # only spaces: none
+    named = ToolPlan("named", TOOLS, named="get_weather")
+    text = '{"city": "a}b", "x": {"y": [1]}} and on'
+    content, whole, _ = named.message(text, "length")
+    assert content == " and on" and (whole or [])[0]["function"]["arguments"] == '{"city": "a}b", "x": {"y": [1]}}'
+    s_content, deltas, _ = streamed(named, text, "length")
+    assert s_content == content and "".join(d["function"]["arguments"] for d in deltas) == text[: -len(content)]

@@ -1,7 +1,8 @@
 """Admission control: a request is accepted only if it fits the model and the queue has room.
 
-The queue is counted in the server: requests admitted and not yet finished beyond the engine's
-`max_num_seqs` are the ones waiting. Every rejection is counted in the engine's stats feed.
+The queue is counted in the server, in sequences (a request of n = 4 holds four places): sequences
+admitted and not yet finished beyond the engine's `max_num_seqs` are the ones waiting. Every
+rejection is counted in the engine's stats feed.
 """
 
 from __future__ import annotations
@@ -116,24 +117,73 @@ class Admission:
     def release_score(self) -> None:
         self.scores_in_flight = max(0, self.scores_in_flight - 1)
 
-    def acquire(self) -> None:
-        """Take a place in the engine or its queue, or raise a 429 with Retry-After."""
-        if self.in_flight >= self.max_num_seqs + self.max_queue:
+    @property
+    def capacity(self) -> int:
+        """Sequences in flight at most: running plus queued."""
+        return self.max_num_seqs + self.max_queue
+
+    def acquire(self, sequences: int = 1, param: str | None = None) -> None:
+        """Take `sequences` places in the engine or its queue (one per sequence: n and best_of samples
+        and each prompt of a batch count), or raise a 429 with Retry-After; a 400 when they could
+        never fit."""
+        if sequences > self.capacity:
+            raise self.reject(
+                "invalid",
+                APIError(
+                    400,
+                    f"this request needs {sequences} sequences at once; this server holds at most {self.capacity} "
+                    f"({self.max_num_seqs} running, {self.max_queue} queued): lower n or best_of, or split the batch",
+                    param=param,
+                    code="too_many_sequences",
+                ),
+            )
+        if self.in_flight + sequences > self.capacity:
             raise self.reject(
                 "queue_full",
                 APIError(
                     429,
-                    f"the server is at capacity: {self.in_flight} requests in flight "
-                    f"({self.max_num_seqs} running, {self.max_queue} queued at most); retry after "
-                    f"{QUEUE_RETRY_AFTER_SECONDS} s",
+                    f"the server is at capacity: {self.in_flight} sequences in flight "
+                    f"({self.max_num_seqs} running, {self.max_queue} queued at most)"
+                    + (f", and this request needs {sequences}" if sequences > 1 else "")
+                    + f"; retry after {QUEUE_RETRY_AFTER_SECONDS} s",
                     code="queue_full",
                     headers={"Retry-After": str(QUEUE_RETRY_AFTER_SECONDS)},
                 ),
             )
-        self.in_flight += 1
+        self.in_flight += sequences
 
-    def release(self) -> None:
-        self.in_flight = max(0, self.in_flight - 1)
+    def release(self, sequences: int = 1) -> None:
+        self.in_flight = max(0, self.in_flight - sequences)
+
+    def take(self, sequences: int, *, scores: bool = False, param: str | None = None) -> Places:
+        """The places one request holds until it ends: its sequences, and a scoring place when it runs
+        forward passes of its own (echo with logprobs scores the prompt like /v1/score)."""
+        self.acquire(sequences, param)
+        if scores:
+            try:
+                self.acquire_score()
+            except APIError:
+                self.release(sequences)
+                raise
+        return Places(self, sequences, scores)
+
+
+class Places:
+    """Admission places held by one request; release() gives them back once (any later call is a no-op)."""
+
+    def __init__(self, admission: Admission, sequences: int, scores: bool) -> None:
+        self._admission = admission
+        self.sequences = sequences
+        self.scores = scores
+        self._held = True
+
+    def release(self, *_: object) -> None:
+        if not self._held:
+            return
+        self._held = False
+        self._admission.release(self.sequences)
+        if self.scores:
+            self._admission.release_score()
 
 
 def not_ready_error(detail: str) -> APIError:

@@ -9,12 +9,13 @@ from fastapi import FastAPI
 
 from kvpilot import __version__
 from kvpilot.engine.server.auth import ApiKeyMiddleware
-from kvpilot.engine.server.errors import install_error_handlers
+from kvpilot.engine.server.errors import APIError, install_error_handlers
 from kvpilot.engine.server.middleware import StrategyHeaderMiddleware
 from kvpilot.engine.server.request_guard import RequestGuardMiddleware
 from kvpilot.engine.server.routes import router
 from kvpilot.engine.server.runtime import ServerRuntime
 from kvpilot.engine.server.utility_routes import utility_router
+from kvpilot.engine.server.vllm_metrics import metrics_router
 
 
 def create_app(runtime: ServerRuntime, *, manage_engine: bool = True) -> FastAPI:
@@ -45,12 +46,23 @@ def create_app(runtime: ServerRuntime, *, manage_engine: bool = True) -> FastAPI
         on_invalid=lambda: runtime.record_rejection("invalid"),
         on_internal=lambda: runtime.record_failure("internal"),
     )
+    if not runtime.settings.score_route:  # --no-score-route: answered first, as an engine without /v1/score
+        app.add_api_route("/v1/score", _no_score_route, methods=["POST"], include_in_schema=False)
     app.include_router(router)
     app.include_router(utility_router)
+    app.include_router(metrics_router)  # vLLM's names on the API port (vllm_metrics.py)
     settings = runtime.settings
     # Added last = outermost: the key is checked first, then the body's type and size.
-    app.add_middleware(RequestGuardMiddleware, max_body_bytes=settings.max_body_bytes, strategy=settings.strategy)
+    app.add_middleware(
+        RequestGuardMiddleware, max_body_bytes=settings.max_body_bytes, strategy=settings.strategy,
+        body_timeout_s=settings.body_timeout_seconds,
+    )  # fmt: skip
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, key=settings.api_key, strategy=settings.strategy)
     app.add_middleware(StrategyHeaderMiddleware, strategy=settings.strategy)
     return app
+
+
+async def _no_score_route() -> None:
+    raise APIError(404, "POST /v1/score is off on this server (--no-score-route); score with /v1/completions, "
+                        "echo and logprobs", code="not_found")

@@ -9,7 +9,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kvpilot.engine.server.errors import APIError, error_response
 
-OPEN_PATHS = frozenset({"/health", "/ready"})  # the kubelet's probes carry no key
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})  # probes and scrapers carry no key (as vLLM)
 
 
 def read_key_file(path: Path) -> str:

@@ -14,8 +14,12 @@ from typing import Any
 
 from kvpilot.engine.config.arguments import add_config_arguments, config_kwargs
 from kvpilot.engine.metrics.stats_contract import DEFAULT_STATS_PORT
+from kvpilot.engine.server.connections import DEFAULT_HEADER_TIMEOUT_SECONDS, DEFAULT_MAX_CONNECTIONS
 from kvpilot.engine.server.idempotency import DEFAULT_MAX_BYTES as DEFAULT_IDEMPOTENCY_BYTES
-from kvpilot.engine.server.request_guard import DEFAULT_MAX_BODY_BYTES
+from kvpilot.engine.server.request_guard import DEFAULT_BODY_TIMEOUT_SECONDS, DEFAULT_MAX_BODY_BYTES
+from kvpilot.engine.structured.compile_pool import COMPILE_TIMEOUT_SECONDS
+from kvpilot.engine.structured.compiler import CACHE_BYTES as GRAMMAR_CACHE_BYTES
+from kvpilot.engine.structured.compiler import MAX_GRAMMAR_BYTES
 
 log = logging.getLogger("kvpilot.server")
 
@@ -24,7 +28,13 @@ DRAIN_FLUSH_SECONDS = 5.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, type=Path, help="HF-format model directory")
+    from kvpilot.bench.shapes import SHAPES
+
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", type=Path, help="HF-format model directory")
+    source.add_argument("--shape", choices=sorted(SHAPES),
+                        help="random weights of a published model's shape (--load-format dummy), with a "
+                        "tokenizer over its whole vocabulary")  # fmt: skip
     parser.add_argument(
         "--model-sha256",
         metavar="HEX",
@@ -62,8 +72,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"largest request body accepted; larger ones get a 413 before they are read (default {DEFAULT_MAX_BODY_BYTES})",
     )  # fmt: skip
     api.add_argument(
+        "--header-timeout", type=float, default=DEFAULT_HEADER_TIMEOUT_SECONDS, metavar="S",
+        help="seconds a connection may take to send its request headers (from opening, or from its previous "
+        f"response); slower ones get a 408 and are closed (default {DEFAULT_HEADER_TIMEOUT_SECONDS:g})",
+    )  # fmt: skip
+    api.add_argument(
+        "--keep-alive-timeout", type=float, default=5.0, metavar="S",
+        help="seconds an idle keep-alive connection stays open (default 5)",
+    )  # fmt: skip
+    api.add_argument(
+        "--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+        help="API connections open at most (never more than half the open-files limit); at the cap a new one "
+        f"closes the longest-idle one, or gets a 503 when all are busy (default {DEFAULT_MAX_CONNECTIONS})",
+    )  # fmt: skip
+    api.add_argument(
+        "--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT_SECONDS, metavar="S",
+        help="seconds a request body may take to arrive once its headers have; slower ones get a 408 "
+        f"(default {DEFAULT_BODY_TIMEOUT_SECONDS:g})",
+    )  # fmt: skip
+    api.add_argument(
         "--max-concurrent-scores", type=int, default=4,
         help="POST /v1/score requests in flight at most; more get a 429 with Retry-After",
+    )  # fmt: skip
+    api.add_argument(
+        "--no-score-route", action="store_true",
+        help="serve no POST /v1/score (404), as an engine without it; the accuracy gate then scores with echo",
+    )
+    api.add_argument(
+        "--grammar-compile-timeout", type=float, default=COMPILE_TIMEOUT_SECONDS, metavar="S",
+        help="seconds a structured-output constraint may take to compile; slower ones get a 400 naming this limit "
+        f"(default {COMPILE_TIMEOUT_SECONDS:g})",
+    )  # fmt: skip
+    api.add_argument(
+        "--grammar-cache-bytes", type=int, default=GRAMMAR_CACHE_BYTES,
+        help=f"memory the compiled-grammar cache may hold; the least recently used go first (default {GRAMMAR_CACHE_BYTES})",
+    )  # fmt: skip
+    api.add_argument(
+        "--max-grammar-bytes", type=int, default=MAX_GRAMMAR_BYTES,
+        help=f"largest compiled grammar accepted; larger ones get a 400 (default {MAX_GRAMMAR_BYTES})",
     )  # fmt: skip
     key = api.add_mutually_exclusive_group()
     key.add_argument(
@@ -81,6 +127,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "llama3_json ({\"name\", \"parameters\"}), none (auto refused), or auto: from the chat template",
     )  # fmt: skip
     api.add_argument("--no-warmup", action="store_true", help="skip the start-up warm-up")
+    api.add_argument(
+        "--engine-core", choices=("auto", "thread", "process"), default="auto",
+        help="where the engine steps: a thread of the API process, or a process of its own (HTTP, tokenising "
+        "and streaming then never wait for the engine's Python; engine/server/core_process.py). auto: a "
+        "process on one CUDA device, a thread on CPU and under tensor parallelism",
+    )  # fmt: skip
     api.add_argument(
         "--shutdown-grace", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM"
     )
@@ -130,12 +182,32 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any, str]:
     from kvpilot.engine.server.faults import FaultSettings
     from kvpilot.planner import PlannerError, format_plan
 
+    if args.shape:  # the shape's config and tokenizer in a directory that lives as long as the server
+        import atexit
+        import shutil
+        import tempfile
+
+        from kvpilot.bench.shapes import write_shape
+
+        tmp = tempfile.mkdtemp(prefix=f"kvpilot-{args.shape}-")
+        atexit.register(shutil.rmtree, tmp, True)
+        args.model, args.load_format = write_shape(args.shape, tmp), "dummy"
+        args.served_model_name = args.served_model_name or args.shape
     if not (args.model / "config.json").is_file():
         raise ValueError(f"{args.model} is not a model directory: config.json is missing")
     faults = FaultSettings(args.fault_latency_ms, args.fault_error_rate, args.fault_seed)
     api_key = read_key_file(args.api_key_file) if args.api_key_file else args.api_key
     if args.max_body_bytes < 1 or args.max_concurrent_scores < 1 or args.idempotency_max_bytes < 1:
         raise ValueError("--max-body-bytes, --max-concurrent-scores and --idempotency-max-bytes must be at least 1")
+    if not args.body_timeout > 0:
+        raise ValueError(f"--body-timeout must be positive, got {args.body_timeout}")
+    if not args.header_timeout > 0 or not args.keep_alive_timeout > 0 or args.max_connections < 1:
+        raise ValueError(f"--header-timeout and --keep-alive-timeout must be positive and --max-connections >= 1, got "
+                         f"{args.header_timeout}, {args.keep_alive_timeout}, {args.max_connections}")  # fmt: skip
+    if not args.grammar_compile_timeout > 0 or args.max_grammar_bytes < 1 or args.grammar_cache_bytes < args.max_grammar_bytes:
+        raise ValueError("--grammar-compile-timeout must be > 0, --max-grammar-bytes >= 1 and --grammar-cache-bytes "
+                         f"at least --max-grammar-bytes; got {args.grammar_compile_timeout}, {args.max_grammar_bytes}, "
+                         f"{args.grammar_cache_bytes}")  # fmt: skip
     chat_template = read_chat_template(args.chat_template) if args.chat_template else None
     if args.model_sha256:
         verify_checkpoint(args.model, args.model_sha256)
@@ -163,12 +235,17 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any, str]:
         idempotency_max_keys=args.idempotency_max_keys,
         idempotency_max_bytes=args.idempotency_max_bytes,
         max_body_bytes=args.max_body_bytes,
+        body_timeout_seconds=args.body_timeout,
         max_concurrent_scores=args.max_concurrent_scores,
+        score_route=not args.no_score_route,
         api_key=api_key,
         warmup=not args.no_warmup,
         faults=faults,
         chat_template=chat_template,
         tool_call_parser=args.tool_call_parser,
+        grammar_compile_timeout=args.grammar_compile_timeout,
+        grammar_cache_bytes=args.grammar_cache_bytes,
+        max_grammar_bytes=args.max_grammar_bytes,
     )
     if faults.active:
         lines.append(
@@ -182,7 +259,9 @@ class _Server:
     """uvicorn.Server whose signal handling is ours: one SIGTERM stops both servers, exit 0."""
 
     @staticmethod
-    def make(app: Any, host: str, port: int, log_level: str, grace: float | None) -> Any:
+    def make(
+        app: Any, host: str, port: int, log_level: str, grace: float | None, http: Any = "h11", keep_alive: float = 5.0
+    ) -> Any:
         import uvicorn
 
         class Server(uvicorn.Server):
@@ -195,7 +274,7 @@ class _Server:
         # oversized and slow requests are answered under a server whose limits are tested on h11.
         config = uvicorn.Config(
             app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=grace, lifespan="on",
-            http="h11", ws="none",
+            http=http, ws="none", timeout_keep_alive=keep_alive,
         )
         return Server(config)
 
@@ -203,6 +282,8 @@ class _Server:
 async def _serve(args: argparse.Namespace, config: Any, settings: Any) -> int:
     from kvpilot.engine.llm_engine import LLMEngine
     from kvpilot.engine.server import ServerRuntime, create_app, create_stats_app
+    from kvpilot.engine.server.connections import guarded_h11
+    from kvpilot.engine.server.log_limits import limit_repeats
     from kvpilot.engine.server.warmup import warm_up
 
     def on_ready(engine: Any) -> None:
@@ -216,14 +297,29 @@ async def _serve(args: argparse.Namespace, config: Any, settings: Any) -> int:
         )
 
     # a tensor-parallel rank that dies calls on_failure: the server stops admitting, drains and exits 1
-    runtime = ServerRuntime(
-        settings, lambda: LLMEngine(config, on_fatal=lambda m: on_failure(m)), warm_up=warm_up, on_ready=on_ready
-    )
+    from kvpilot.engine.server.capacity import resolve_device
+
+    core = args.engine_core
+    if core == "auto":
+        core = "process" if resolve_device(config.device).startswith("cuda") and config.tensor_parallel_size == 1 \
+            else "thread"  # fmt: skip
+
+    def engine_factory() -> Any:
+        if core == "process":
+            from kvpilot.engine.server.core_client import EngineCoreClient
+
+            return EngineCoreClient(config, on_fatal=lambda m: on_failure(m), log_level=args.log_level)
+        return LLMEngine(config, on_fatal=lambda m: on_failure(m))
+
+    runtime = ServerRuntime(settings, engine_factory, warm_up=warm_up, on_ready=on_ready)
     # uvicorn's own deadline is a backstop: runtime.drain() ends what is left at --shutdown-grace
     # with an error event, and the streams need a moment to send it.
     backstop = args.shutdown_grace + DRAIN_FLUSH_SECONDS
-    api = _Server.make(create_app(runtime), args.host, args.port, args.log_level, backstop)
+    # h11 with a header deadline and a connection cap (connections.py): slow or idle sockets cannot pile up
+    guarded = guarded_h11(args.header_timeout, args.max_connections)
+    api = _Server.make(create_app(runtime), args.host, args.port, args.log_level, backstop, guarded, args.keep_alive_timeout)
     stats = _Server.make(create_stats_app(runtime), args.stats_host, args.stats_port, args.log_level, 1.0)
+    limit_repeats()  # uvicorn's handlers exist now: repeated records (a flood of failing connections) are rate-limited
     failure: list[str] = []
     drains: list[asyncio.Task] = []
 

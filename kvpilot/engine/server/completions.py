@@ -21,6 +21,7 @@ from kvpilot.engine.server.engine_loop import EngineLoop
 from kvpilot.engine.server.errors import STRATEGY_HEADER, APIError, error_response
 from kvpilot.engine.server.formats import DONE_EVENT, CompletionFormat, sse
 from kvpilot.engine.server.generation import EngineFailure, Generation, TextDelta
+from kvpilot.engine.server.grammar_admission import compile_constraint
 from kvpilot.engine.server.idempotency import IDEMPOTENCY_HEADER, IdempotencyStore, body_fingerprint
 from kvpilot.engine.server.logprobs import TokenLogprobs, chat_logprobs, completion_logprobs, prompt_logprobs
 from kvpilot.engine.server.prompts import (
@@ -28,17 +29,18 @@ from kvpilot.engine.server.prompts import (
     chat_prompt_ids,
     completion_prompt_ids,
     echoed_texts,
+    prompt_list,
     reject_unsupported,
     sampling_params,
 )
 from kvpilot.engine.server.protocol import SEED_LIMIT, ChatCompletionRequest, CompletionRequest
+from kvpilot.engine.server.request_limits import check_request_limits
 from kvpilot.engine.server.responses import Usage
 from kvpilot.engine.server.result_log import ResultLog
 from kvpilot.engine.server.runtime import ServerRuntime
 from kvpilot.engine.server.structured_request import structured_spec
 from kvpilot.engine.server.text_checks import check_unicode, prompt_chars
 from kvpilot.engine.server.tools import ToolPlan, ToolStream, tool_plan
-from kvpilot.engine.structured.compiler import GrammarError
 from kvpilot.engine.structured.spec import StructuredSpec
 
 log = logging.getLogger("kvpilot.server")
@@ -55,6 +57,7 @@ async def serve_completion(
     try:
         reject_unsupported(req)
         check_unicode(req)
+        check_request_limits(req)
     except APIError:
         runtime.record_rejection("invalid")
         raise
@@ -67,9 +70,19 @@ async def serve_completion(
         existing = runtime.idempotency.lookup(key, fingerprint)
         if existing is not None:  # a retry joins without taking a place, even when the server is full
             return await _join(request, runtime, key, existing, req.stream)
-    # The place is taken before tokenising, so the CPU work waiting for the pool is bounded by
-    # the admission limit too; every way out before the result log exists gives it back.
-    admission.acquire()
+    # The places (one per sequence) are taken before tokenising, so the CPU work waiting for the pool
+    # is bounded by the admission limit too; every way out before the result log exists gives them back.
+    sequences = _sequences(req)
+    if sequences > MAX_PROMPTS_PER_REQUEST:  # the per-request bound first: its message says to split the batch
+        samples = _samples_per_prompt(req)
+        runtime.record_rejection("invalid")
+        if samples == 1:
+            raise APIError(400, f"prompt holds {sequences} prompts; at most {MAX_PROMPTS_PER_REQUEST} per request: "
+                           "split the batch", param="prompt")  # fmt: skip
+        raise APIError(400, f"{sequences // samples} prompts x {_sequences_param(req)}={samples} is {sequences} "
+                       f"sequences; at most {MAX_PROMPTS_PER_REQUEST} per request: split the batch",
+                       param=_sequences_param(req))  # fmt: skip
+    places = admission.take(sequences, scores=_scores_prompt(req), param=_sequences_param(req))
     try:
         prompts, params, generate, plan = await _prepare(runtime, admission, req, chat)
         # Again after the await, and with no await from here to remember(): one generation per key.
@@ -81,10 +94,10 @@ async def serve_completion(
                 runtime.record_failure("fault")
                 raise
     except BaseException:
-        admission.release()
+        places.release()
         raise
     if existing is not None and key is not None:
-        admission.release()
+        places.release()
         return await _join(request, runtime, key, existing, req.stream)
     tokenizer = runtime.tokenizer
     fmt = CompletionFormat(
@@ -96,7 +109,7 @@ async def serve_completion(
         include_usage=req.include_usage_in_stream(),
     )
     result = ResultLog()
-    result.on_end(lambda _: admission.release())
+    result.on_end(places.release)
     runtime.track(result)
     stop = req.stop_list()
     echo = isinstance(req, CompletionRequest) and req.echo
@@ -174,7 +187,7 @@ async def _prepare(
         raise
     vocab_size = getattr(tokenizer, "vocab_size", None)
     if req.logit_bias and vocab_size is not None:
-        ids = [int(k) for k in req.logit_bias if k.isdigit()]
+        ids = [int(k) for k in req.logit_bias if k.isascii() and k.isdigit()]
         if ids and max(ids) >= vocab_size:
             runtime.record_rejection("invalid")
             raise APIError(400, f"logit_bias token id {max(ids)} is out of range: this vocabulary has ids "
@@ -220,10 +233,7 @@ async def _structured(
         if found is None:
             return None
         spec, param = found
-        try:
-            await runtime.run_cpu(runtime.engine.structured.compiler.compile, spec)
-        except GrammarError as exc:
-            raise APIError(400, f"{param}: {exc}", param=param, code="invalid_value") from exc
+        await compile_constraint(runtime.engine.structured.compiler, runtime.grammar_pool, spec, param)
     except APIError:
         runtime.record_rejection("invalid")
         raise
@@ -278,8 +288,9 @@ async def _run(
         if staggered:
             waits = [_start_after(gens[i], gens[i + 1 : i + k]) for i in range(0, len(gens), k)]
     out.mark_started()
-    if stream and (first := fmt.first_chunk()) is not None:
-        out.append(first)
+    if stream:
+        for first in fmt.first_chunks(len(gens) // k * group.n):  # the choices returned (best_of: n a prompt)
+            out.append(first)
     results = await asyncio.gather(
         *(_choice(i, gen, fmt, out, stream, echoes[i] if echoes else None, tokenizer, generate, plan)
           for i, gen in enumerate(gens)), *waits
@@ -359,6 +370,23 @@ class Group:
     n: int = 1
     samples: int = 1
     share_prompt: bool = False  # stagger each prompt's samples so they share its KV through the prefix cache
+
+
+def _sequences(req: ChatCompletionRequest | CompletionRequest) -> int:
+    """Sequences the request runs at once: each prompt's samples (admission counts these, not requests)."""
+    prompts = len(prompt_list(req)) if isinstance(req, CompletionRequest) else 1
+    return prompts * _samples_per_prompt(req)
+
+
+def _sequences_param(req: ChatCompletionRequest | CompletionRequest) -> str:
+    if isinstance(req, CompletionRequest) and (req.best_of or 1) > (req.n or 1):
+        return "best_of"
+    return "n" if (req.n or 1) > 1 else "prompt"
+
+
+def _scores_prompt(req: ChatCompletionRequest | CompletionRequest) -> bool:
+    """echo with logprobs scores the prompt with forward passes of its own, as /v1/score does."""
+    return isinstance(req, CompletionRequest) and req.echo and req.logprobs is not None
 
 
 def _samples_per_prompt(req: ChatCompletionRequest | CompletionRequest) -> int:

@@ -11,12 +11,15 @@ What is held back, and only that:
   come in the next tokens. The next token settles it: a completed character replaces it, anything
   else releases it as U+FFFD (an invalid byte sequence is never withheld longer than one token);
 - the end of the text while it could be the start of a stop string (OpenAI semantics: a stop
-  string ends the text and is not part of it).
+  string ends the text and is not part of it). Stop strings are found by one Aho-Corasick scan
+  (stop_matcher.py): the work per character does not grow with their number.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
+
+from kvpilot.engine.server.stop_matcher import StopScan
 
 REPLACEMENT_CHAR = "\ufffd"
 # Tokens of left context kept when the window slides. UTF-8 characters have at most 4 bytes and
@@ -49,14 +52,13 @@ class IncrementalText:
     def __init__(self, tokenizer: Decoder, stop: list[str] | None = None, work: DecodeWork = WORK) -> None:
         self._tokenizer = tokenizer
         self._stop = [s for s in (stop or []) if s]
-        self._longest_stop = max((len(s) for s in self._stop), default=0)
+        self._scan = StopScan(self._stop) if self._stop else None
         self._work = work
         self.token_ids: list[int] = []
         self._window_start = 0  # first token id of the decode window
         self._window_done = 0  # characters of the window's decode already final
         self._pending = ""  # final text held back because it may start a stop string
         self._pieces: list[str] = []  # text emitted so far, in pieces (joining each time is O(n))
-        self._tail = ""  # the last `longest stop - 1` characters emitted (where a stop may begin)
         self.decoded_tokens = 0  # token ids this completion passed to decode (the work done)
         self.stopped = False  # a stop sequence was found; the text ends before it
 
@@ -100,33 +102,21 @@ class IncrementalText:
 
     # ---- final text -> emitted text (stop strings) ----
     def _release(self, new: str, final: bool) -> str:
-        if not self._stop:
+        if self._scan is None:
             return self._emit(new)
+        # Emitted text never begins a stop string (all that might is held in _pending), so a stop
+        # found now begins in _pending or in the new text.
         text = self._pending + new
-        searched = self._tail + text
-        hits = [i for s in self._stop if (i := searched.find(s)) >= 0]
-        if hits:
+        start, partial = self._scan.feed(new)
+        if start is not None:
             self.stopped = True
             self._pending = ""
-            return self._emit(text[: max(0, min(hits) - len(self._tail))])
-        hold = 0 if final else _stop_prefix_length(searched, self._stop, len(text))
+            return self._emit(text[: max(0, len(text) - len(new) + start)])
+        hold = 0 if final else min(partial, len(text))
         self._pending = text[len(text) - hold :] if hold else ""
         return self._emit(text[: len(text) - hold])
 
     def _emit(self, delta: str) -> str:
         if delta:
             self._pieces.append(delta)
-            keep = max(0, self._longest_stop - 1)
-            self._tail = (self._tail + delta)[-keep:] if keep else ""
         return delta
-
-
-def _stop_prefix_length(text: str, stops: list[str], at_most: int) -> int:
-    """The longest end of `text` (at most `at_most` characters) that begins some stop string."""
-    hold = 0
-    for stop in stops:
-        for k in range(min(len(stop) - 1, at_most), hold, -1):
-            if text.endswith(stop[:k]):
-                hold = k
-                break
-    return hold

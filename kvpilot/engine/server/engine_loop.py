@@ -58,10 +58,19 @@ class EngineLoop:
     An out-of-memory error in a step is not a request's fault: the newest running sequence is
     preempted (its blocks freed, recomputed later), the batch runs smaller for a while, and the
     step is retried (oom.py); only after MAX_OOM_RETRIES in a row are the step's requests failed.
+
+    Anything that still escapes (an error inside that handling, a BaseException) kills the loop:
+    every request it holds or is yet to take fails at once with an error, new ones fail on
+    submit, `fatal` names the cause, and the server's /health turns 503 so the pod restarts.
     """
 
     def __init__(
-        self, engine: Any, *, name: str = "kvpilot-engine", before_step: Callable[[], None] | None = None
+        self,
+        engine: Any,
+        *,
+        name: str = "kvpilot-engine",
+        before_step: Callable[[], None] | None = None,
+        on_death: Callable[[str], None] | None = None,
     ) -> None:
         self.engine = engine
         self._before_step = before_step  # test-only fault injection (added latency)
@@ -74,6 +83,9 @@ class EngineLoop:
         self.oom = OomRecovery(engine)
         self.steps = 0
         self.step_failures = 0
+        self.fatal: BaseException | None = None  # what killed the loop, if something did
+        self._dead = False
+        self._on_death = on_death
 
     # ---- any thread ----
     def start(self) -> EngineLoop:
@@ -85,7 +97,12 @@ class EngineLoop:
         return self._thread.is_alive()
 
     def submit(self, request_id: str, prompt_token_ids: list[int], params: Any, sink: RequestSink) -> None:
+        if self._dead:
+            _safe(sink.failed, RuntimeError("the engine loop has died; the server must restart"))
+            return
         self._inbox.put(_Add(request_id, list(prompt_token_ids), params, sink))
+        if self._dead:  # it died while this was being queued: nobody will take it
+            self._fail_waiting(RuntimeError("the engine loop has died; the server must restart"))
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
@@ -94,10 +111,12 @@ class EngineLoop:
         """Run `fn(engine)` on the engine thread between two steps. `heavy` calls (each a forward
         pass of its own) run one per step, so a burst of them cannot stall running streams."""
         future: concurrent.futures.Future = concurrent.futures.Future()
-        if not self.alive:
+        if not self.alive or self._dead:
             future.set_exception(RuntimeError("the engine loop is not running"))
             return future
         self._inbox.put(_Call(fn, future, heavy))
+        if self._dead:  # it died while this was being queued
+            self._fail_waiting(RuntimeError("the engine loop has died; the server must restart"))
         return future
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -110,15 +129,24 @@ class EngineLoop:
     # ---- engine thread ----
     def _run(self) -> None:
         log.info("engine loop started")
-        while not self._stop.is_set():
-            busy = self._has_work() or bool(self._heavy)
-            self._drain(block=not busy)
-            if self._stop.is_set():
-                break
-            if self._heavy:
-                self._run_call(self._heavy.popleft())
-            if self._has_work():
-                self._step()
+        try:
+            while not self._stop.is_set():
+                busy = self._has_work() or bool(self._heavy)
+                self._drain(block=not busy)
+                if self._stop.is_set():
+                    break
+                if self._heavy:
+                    self._run_call(self._heavy.popleft())
+                if self._has_work():
+                    self._step()
+        except BaseException as exc:  # what the step's own handling could not contain: the loop is dead
+            self.fatal = exc
+            log.critical("the engine loop died (%s); failing every request; /health now answers 503",
+                         type(exc).__name__, exc_info=True)  # fmt: skip
+            self._fail_all(RuntimeError(f"the engine loop died ({type(exc).__name__}); the server must restart"))
+            if self._on_death is not None:
+                _safe(self._on_death, f"the engine loop died: {type(exc).__name__}: {exc}")
+            return
         self._shutdown()
         log.info("engine loop stopped after %d steps", self.steps)
 
@@ -176,8 +204,10 @@ class EngineLoop:
             return
         try:
             command.future.set_result(command.fn(self.engine))
-        except Exception as exc:
+        except BaseException as exc:
             command.future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise  # a BaseException kills the loop; the caller has its error already
 
     def _step(self) -> None:
         if self._before_step is not None:
@@ -218,6 +248,17 @@ class EngineLoop:
         for request_id, sink in list(self._sinks.items()):
             self._abort(request_id)
             _safe(sink.failed, error)
+        self._fail_waiting(error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        """The loop died: fail every request it holds or has not yet taken (no engine call: it may be broken)."""
+        self._dead = True
+        for sink in list(self._sinks.values()):
+            _safe(sink.failed, error)
+        self._sinks.clear()
+        self._fail_waiting(error)
+
+    def _fail_waiting(self, error: BaseException) -> None:
         while True:
             try:
                 command = self._inbox.get_nowait()
@@ -225,10 +266,11 @@ class EngineLoop:
                 break
             if isinstance(command, _Add):
                 _safe(command.sink.failed, error)
-            elif isinstance(command, _Call):
+            elif isinstance(command, _Call) and not command.future.done():
                 command.future.set_exception(error)
         for command in self._heavy:
-            command.future.set_exception(error)
+            if not command.future.done():
+                command.future.set_exception(error)
         self._heavy.clear()
 
 

@@ -63,11 +63,15 @@ class CompletionFormat:
         ]
         return Completion(choices=texts, usage=usage, **self._common()).model_dump()
 
-    def first_chunk(self) -> str | None:
+    def first_chunks(self, choices: int) -> list[str]:
+        """Chat: one chunk per choice with its role, as OpenAI sends them (a client builds each choice's
+        message from its own deltas, so a choice without one gets no role); text completions: none."""
         if not self.chat:
-            return None
-        choice = ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))
-        return self._chunk_event(ChatCompletionChunk(choices=[choice], **self._common()).model_dump())
+            return []
+        return [self._chunk_event(ChatCompletionChunk(
+                    choices=[ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))],
+                    **self._common()).model_dump())
+                for i in range(choices)]  # fmt: skip
 
     def chunk(self, text: str, finish_reason: str | None, index: int = 0, logprobs: Any = None) -> str:
         if self.chat:

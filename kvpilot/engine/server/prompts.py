@@ -8,6 +8,7 @@ from typing import Any
 from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.server.errors import APIError
 from kvpilot.engine.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from kvpilot.engine.server.text_checks import find_unicode_error
 from kvpilot.engine.server.vllm_extensions import reject_vllm_extensions
 from kvpilot.engine.structured.spec import StructuredSpec
 
@@ -94,8 +95,14 @@ def _call_for_template(i: int, j: int, call: Any) -> dict[str, Any]:
     except ValueError as exc:
         raise APIError(400, f"{param} is not valid JSON ({exc}); send the arguments object as JSON text",
                        param=param) from exc  # fmt: skip
+    except RecursionError as exc:
+        raise APIError(400, f"{param} nests deeper than the JSON parser goes; send a flatter arguments object",
+                       param=param) from exc  # fmt: skip
     if not isinstance(arguments, dict):
         raise APIError(400, f"{param} must be a JSON object, got {call.function.arguments[:100]!r}", param=param)
+    unicode = find_unicode_error(arguments, param)  # an escaped lone surrogate (\\ud800) decodes to one
+    if unicode is not None:
+        raise unicode
     return {"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": arguments}}
 
 
@@ -170,7 +177,7 @@ def logit_bias(req: SamplingFields) -> dict[int, float]:
     """OpenAI's {"token id": bias} as ints, or a 400 naming the bad key."""
     out: dict[int, float] = {}
     for key, value in (req.logit_bias or {}).items():
-        if not key.isdigit():
+        if not (key.isascii() and key.isdigit()):  # "²".isdigit() is True, int("²") fails
             raise APIError(400, f"logit_bias key {key!r} is not a token id (a non-negative integer)", param="logit_bias")
         if not -100.0 <= value <= 100.0:
             raise APIError(400, f"logit_bias[{key}] = {value} is outside [-100, 100]", param="logit_bias")

@@ -1,26 +1,49 @@
 """Pure ASGI middleware that refuses, before any parsing, what no route could serve: a POST body
-that is not JSON (415) or larger than the limit (413: by its Content-Length, or counted as a
-chunked body streams in)."""
+that is not JSON (415), larger than the limit (413: by its Content-Length, and always by the bytes
+actually read, whatever the headers say), that holds more JSON values, objects or nesting than
+json_shape.py allows (400, counted as the body arrives), or that does not arrive within the body
+timeout (408). The body is read here, then handed to the app."""
 
 from __future__ import annotations
+
+import asyncio
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvpilot.engine.server.errors import APIError, error_response
+from kvpilot.engine.server.json_shape import JsonShape
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+DEFAULT_BODY_TIMEOUT_SECONDS = 30.0
 JSON_TYPE = "application/json"
+SCAN_SLICE_BYTES = 64 * 1024  # the event loop runs other work between two slices of a big chunk
+LARGE_BODY_BYTES = 256 * 1024  # bodies from this size are handed to the app one at a time (below)
 
 
 class RequestGuardMiddleware:
-    """Checks Content-Type and body size of every POST before the app reads the body."""
+    """Checks Content-Type, size, JSON shape and arrival time of every POST body before the app sees it."""
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, strategy: str) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_body_bytes: int,
+        strategy: str,
+        body_timeout_s: float = DEFAULT_BODY_TIMEOUT_SECONDS,
+    ) -> None:
         if max_body_bytes < 1:
             raise ValueError(f"--max-body-bytes must be at least 1, got {max_body_bytes}")
+        if not body_timeout_s > 0:
+            raise ValueError(f"--body-timeout must be positive, got {body_timeout_s}")
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
         self.strategy = strategy
+        # Parsing and validating a large body, and the checks after it, run on the event loop in one
+        # go (they hold the GIL). Sixteen of them at once would queue /health behind all sixteen, so
+        # large bodies are handed over one at a time: the next one goes once the previous request
+        # first waits for something (its tokenising, say), and other work runs in between.
+        self._large = asyncio.Semaphore(1)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -30,37 +53,64 @@ class RequestGuardMiddleware:
         error = self._content_type_error(scope["path"], headers.get(b"content-type")) or self._length_error(
             headers.get(b"content-length")
         )
+        body: bytes | None = None
+        if error is None:
+            try:
+                async with asyncio.timeout(self.body_timeout_s):
+                    body, error = await self._read(receive)
+            except TimeoutError:
+                error = APIError(
+                    408,
+                    f"the request body did not arrive within {self.body_timeout_s:g} s (--body-timeout); send it "
+                    "at once",
+                    code="request_timeout",
+                )
+            if body is None and error is None:
+                return  # the client left
         if error is not None:
             await error_response(error, self.strategy)(scope, receive, send)
             return
-        if b"content-length" in headers:
-            await self.app(scope, receive, send)  # the server holds the body to its stated length
-            return
-        # A chunked body states no length: read it here, up to the limit, then hand it on.
-        chunks, received = [], 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client left
-            chunks.append(message.get("body", b""))
-            received += len(chunks[-1])
-            if received > self.max_body_bytes:
-                error = self._too_large(f"the request body exceeds {self.max_body_bytes} bytes")
-                await error_response(error, self.strategy)(scope, receive, send)
-                return
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
         replayed = False
+        held = len(body) >= LARGE_BODY_BYTES
+        if held:
+            await self._large.acquire()
 
         async def replay() -> Message:
-            nonlocal replayed
+            nonlocal replayed, held
             if replayed:
                 return await receive()
             replayed = True
+            if held:  # given back once this request's synchronous parse and checks yield the loop
+                held = False
+                asyncio.get_running_loop().call_soon(self._large.release)
             return {"type": "http.request", "body": body, "more_body": False}
 
-        await self.app(scope, replay, send)
+        try:
+            await self.app(scope, replay, send)
+        finally:
+            if held:
+                self._large.release()
+
+    async def _read(self, receive: Receive) -> tuple[bytes | None, APIError | None]:
+        """The whole body, counted as it arrives (never trusting Content-Length), or the error that stopped it."""
+        chunks, received, shape = [], 0, JsonShape()
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None, None  # the client left
+            chunk = message.get("body", b"")
+            received += len(chunk)
+            if received > self.max_body_bytes:
+                return None, self._too_large(f"the request body exceeds {self.max_body_bytes} bytes")
+            for at in range(0, len(chunk), SCAN_SLICE_BYTES):
+                if at:
+                    await asyncio.sleep(0)
+                shape.feed(chunk[at : at + SCAN_SLICE_BYTES])
+                if (what := shape.error()) is not None:
+                    return None, APIError(400, f"{what}: simplify the request or split it", code="request_too_complex")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks), None
 
     def _content_type_error(self, path: str, value: bytes | None) -> APIError | None:
         if value is None:

@@ -115,10 +115,15 @@ async def list_models(request: Request) -> ModelList:
     return ModelList(data=[card])
 
 
-@router.get("/health", response_model=HealthStatus)
-async def health(request: Request) -> HealthStatus:
+@router.get("/health", response_model=HealthStatus, responses={503: {"model": HealthStatus}})
+async def health(request: Request) -> Response:
+    """Liveness: 200 while the process can serve; 503 once the engine loop has died (the pod must restart)."""
     runtime = _runtime(request)
-    return HealthStatus(status="alive", detail=runtime.state)
+    failure = runtime.engine_failure
+    if failure is not None:
+        body = HealthStatus(status="failed", detail=failure).model_dump()
+        return JSONResponse(body, status_code=503, headers={STRATEGY_HEADER: runtime.settings.strategy})
+    return JSONResponse(HealthStatus(status="alive", detail=runtime.state).model_dump())
 
 
 @router.get("/ready", response_model=HealthStatus, responses={503: {"model": HealthStatus}})

@@ -20,9 +20,12 @@ from kvpilot.engine.server.engine_loop import EngineLoop
 from kvpilot.engine.server.errors import APIError
 from kvpilot.engine.server.faults import FaultInjector, FaultSettings
 from kvpilot.engine.server.idempotency import DEFAULT_MAX_BYTES, IdempotencyStore
-from kvpilot.engine.server.request_guard import DEFAULT_MAX_BODY_BYTES
+from kvpilot.engine.server.request_guard import DEFAULT_BODY_TIMEOUT_SECONDS, DEFAULT_MAX_BODY_BYTES
 from kvpilot.engine.server.result_log import ResultLog
 from kvpilot.engine.server.text_checks import longest_token_chars
+from kvpilot.engine.structured.compile_pool import COMPILE_TIMEOUT_SECONDS, CompilePool
+from kvpilot.engine.structured.compiler import CACHE_BYTES as GRAMMAR_CACHE_BYTES
+from kvpilot.engine.structured.compiler import MAX_GRAMMAR_BYTES
 
 log = logging.getLogger("kvpilot.server")
 
@@ -44,12 +47,17 @@ class ServerSettings:
     idempotency_max_keys: int = 10_000
     idempotency_max_bytes: int = DEFAULT_MAX_BYTES
     max_concurrent_scores: int = 4
+    score_route: bool = True  # --no-score-route: no POST /v1/score
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS  # --body-timeout: a body must arrive within this
     api_key: str | None = field(default=None, repr=False)
     warmup: bool = True
     faults: FaultSettings = field(default_factory=FaultSettings)  # test only
     chat_template: str | None = None  # --chat-template: replaces the tokenizer's own
     tool_call_parser: str = "auto"  # --tool-call-parser: auto (from the template) | hermes | llama3_json | none
+    grammar_compile_timeout: float = COMPILE_TIMEOUT_SECONDS  # --grammar-compile-timeout
+    grammar_cache_bytes: int = GRAMMAR_CACHE_BYTES  # --grammar-cache-bytes
+    max_grammar_bytes: int = MAX_GRAMMAR_BYTES  # --max-grammar-bytes
 
 
 class ServerRuntime:
@@ -72,6 +80,7 @@ class ServerRuntime:
             settings.idempotency_ttl_seconds, settings.idempotency_max_keys, settings.idempotency_max_bytes
         )
         self.cpu_pool = concurrent.futures.ThreadPoolExecutor(CPU_WORKERS, thread_name_prefix="kvpilot-cpu")
+        self.grammar_pool = CompilePool(timeout_s=settings.grammar_compile_timeout)  # never the cpu_pool
         self.in_flight: set[ResultLog] = set()  # completions not yet ended (the drain waits for them)
         self.created = int(time.time())
         self.warmup_seconds: float | None = None
@@ -99,6 +108,10 @@ class ServerRuntime:
             self.engine = engine
             if self.settings.chat_template is not None:
                 engine.tokenizer.chat_template = self.settings.chat_template
+            compiler = engine.structured.compiler
+            compiler.cache_bytes, compiler.max_grammar_bytes = (
+                self.settings.grammar_cache_bytes, self.settings.max_grammar_bytes,
+            )  # fmt: skip
             if self.state == "stopping":
                 return
             if self._warm_up is not None and self.settings.warmup:
@@ -140,9 +153,11 @@ class ServerRuntime:
     def begin_drain(self) -> None:
         """Refuse new requests (503, /ready false); the engine loop keeps running the in-flight ones."""
         self.state = "stopping"
+        self.grammar_pool.close()  # a request still waiting for its grammar gets a 503 now
 
     def shutdown(self) -> None:
         self.state = "stopping"
+        self.grammar_pool.close()
         if self.loop is not None:
             self.loop.stop()
         self.cpu_pool.shutdown(wait=False, cancel_futures=True)
@@ -188,7 +203,16 @@ class ServerRuntime:
             raise not_ready_error(self.readiness_detail())
         return self.loop, self.admission
 
+    @property
+    def engine_failure(self) -> str | None:
+        """Why the engine loop died, when it did (after it had started)."""
+        if self.loop is None or self.loop.fatal is None:
+            return None
+        return f"the engine loop died ({type(self.loop.fatal).__name__}); restart the server"
+
     def readiness_detail(self) -> str:
+        if self.engine_failure is not None:
+            return self.engine_failure
         if self.state == "failed":
             return f"it failed to start ({self.failure})"
         if self.state == "ready" and self.loop is not None and not self.loop.alive:
@@ -269,8 +293,16 @@ class ServerRuntime:
         age = max(0.0, time.time() - taken_at)
         return {
             **snapshot, "engine": engine, "requests": requests, "detokenizer": DETOKENIZER_WORK.snapshot(),
+            "grammar": self._grammar_stats(),
             "taken_at_seconds": taken_at, "age_seconds": age,
         }  # fmt: skip
+
+
+    def _grammar_stats(self) -> dict[str, int]:
+        """The grammar pool (compiles running, waiting, timed out) and cache (entries, bytes, refusals)."""
+        structured = getattr(self.engine, "structured", None)
+        cache = structured.compiler.stats() if structured is not None else {}
+        return {**self.grammar_pool.stats(), **{f"cache_{k}": v for k, v in cache.items()}}
 
 
 def _take_snapshot(engine: Any) -> tuple[float, dict[str, Any]]:

@@ -88,6 +88,8 @@ def _json_schema(name: str, value: Any) -> StructuredSpec:
     if isinstance(value, str):
         try:
             value = json.loads(value)
+        except RecursionError:
+            _bad(name, f"{name} is a JSON string nested deeper than the parser goes; send a flatter schema")
         except ValueError as exc:
             _bad(name, f"{name} is a string that is not valid JSON ({exc}); send the schema as an object")
     if not isinstance(value, dict):

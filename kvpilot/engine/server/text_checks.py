@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from pydantic import BaseModel
+from pydantic_core import PydanticSerializationError, to_json
+
 from kvpilot.engine.server.api_error import APIError
 from kvpilot.engine.server.protocol import (
     ChatCompletionRequest,
@@ -41,12 +44,18 @@ def request_texts(req: SamplingFields | ScoreRequest) -> Iterator[tuple[str, str
         yield ("stop" if isinstance(req.stop, str) else f"stop.{i}"), stop
 
 
-def check_unicode(req: SamplingFields | ScoreRequest) -> None:
-    """A 400 for the first text that is not valid Unicode (JSON allows unpaired \\ud800 escapes)."""
-    for field, text in request_texts(req):
-        error = unicode_error(field, text)
+def check_unicode(req: BaseModel) -> None:
+    """A 400 for the first string anywhere in the request (every field, keys, extensions) that is not
+    valid Unicode (JSON allows unpaired \\ud800 escapes; the tokenizer and templates fail on them).
+    Serialising the request to UTF-8 JSON finds whether there is one at C speed; only then is the
+    request walked to name the field."""
+    try:
+        req.model_dump_json()
+    except PydanticSerializationError:
+        error = find_unicode_error(req.model_dump(mode="python"))
         if error is not None:
-            raise error
+            raise error from None
+        raise
 
 
 def unicode_error(field: str, text: str) -> APIError | None:
@@ -66,16 +75,51 @@ def unicode_error(field: str, text: str) -> APIError | None:
 
 
 def find_unicode_error(body: Any, path: str = "") -> APIError | None:
-    """The first string anywhere in a parsed JSON body that is not valid Unicode (keys included)."""
-    if isinstance(body, str):
-        return unicode_error(path or "body", body)
-    items = body.items() if isinstance(body, dict) else enumerate(body) if isinstance(body, list) else ()
-    for key, value in items:
-        where = f"{path}.{key}" if path else str(key)
-        error = (unicode_error(where, key) if isinstance(key, str) else None) or find_unicode_error(value, where)
-        if error is not None:
-            return error
-    return None
+    """The first string anywhere in a parsed JSON body that is not valid Unicode (keys included), named
+    by its path. Found by bisection with C-speed encoding (each step encodes half of one container),
+    so even a 200k-item body is searched in a few milliseconds, and never by recursion."""
+    if not _bad(body):
+        return None
+    parts = [path] if path else []
+    value = body
+    while True:
+        if isinstance(value, str):
+            return unicode_error(".".join(parts) or "body", value)
+        if isinstance(value, dict):
+            items = list(value.items())
+            i = _first_bad(len(items), lambda a, b, items=items: _bad(dict(items[a:b])))
+            key, child = items[i]
+            parts.append(str(key))
+            if _bad(key):
+                return unicode_error(".".join(parts), key)
+            value = child
+        elif isinstance(value, (list, tuple)):
+            seq = value
+            i = _first_bad(len(seq), lambda a, b, seq=seq: _bad(list(seq[a:b])))
+            parts.append(str(i))
+            value = seq[i]
+        else:
+            return None
+
+
+def _bad(value: Any) -> bool:
+    try:
+        to_json(value)  # pydantic-core's encoder refuses lone surrogates
+    except PydanticSerializationError as exc:
+        return "surrogates not allowed" in str(exc)
+    return False
+
+
+def _first_bad(n: int, bad: Any) -> int:
+    """The first index i < n whose item is bad, given bad(a, b): some item in [a, b) is bad (one is)."""
+    lo, hi = 0, n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if bad(lo, mid):
+            hi = mid
+        else:
+            lo = mid
+    return lo
 
 
 def prompt_chars(req: SamplingFields | ScoreRequest) -> int:

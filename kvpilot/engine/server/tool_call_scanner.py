@@ -5,7 +5,8 @@ guarantees it), so a call can go out as soon as its name is complete, and its ar
 text grows: the scanner follows the JSON character by character (depth, strings, escapes, keys at
 item level) and reports, per item, the name once known and the raw text of the `arguments` value
 as it arrives. The concatenated argument pieces of an item are exactly that value's JSON text, as
-vLLM and OpenAI stream them. Pure: no engine, no I/O.
+vLLM and OpenAI stream them. The scan stops where the array closes: what follows is free text
+(ignore_eos runs the generation on past the grammar's end). Pure: no engine, no I/O.
 """
 
 from __future__ import annotations
@@ -47,10 +48,11 @@ class CallArrayScanner:
         self._key: str | None = None
         self._value_start: int | None = None  # index of the current item-level value's first char
         self._awaiting_value = False  # after ':' at item level, before the value's first char
+        self.end: int | None = None  # one past the array's closing ']', once it has closed
 
     def feed(self, piece: str) -> list[CallEvent]:
         self.text += piece
-        while self._pos < len(self.text):
+        while self._pos < len(self.text) and self.end is None:
             self._step(self.text[self._pos], self._pos)
             self._pos += 1
         return self._events()
@@ -85,6 +87,8 @@ class CallArrayScanner:
             self._depth -= 1
             if self._depth == _ITEM_DEPTH:  # an object/array value inside the item just closed
                 self._value_closed(i + 1)
+            elif self._depth == 0:
+                self.end = i + 1
         elif ch == "," and self._depth == _ITEM_DEPTH:
             self._value_closed(i)
             self._expect_key, self._key = True, None
@@ -111,6 +115,12 @@ class CallArrayScanner:
         elif self._key == "arguments":
             call.args_end = start + len(value)
 
+    def arguments(self, call: ScannedCall) -> str:
+        """The call's arguments text so far (all of it once the value has closed)."""
+        if call.args_start is None:
+            return ""
+        return self.text[call.args_start : call.args_end if call.args_end is not None else len(self.text)]
+
     def _events(self) -> list[CallEvent]:
         events = []
         for index, call in enumerate(self.calls):
@@ -126,3 +136,39 @@ class CallArrayScanner:
             elif piece:
                 events.append(CallEvent(index, None, piece))
         return events
+
+
+class ValueEnd:
+    """Where a growing text's first JSON object or array closes (None until it has): a named
+    function's arguments end there, and what ignore_eos generates after them is free text."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.end: int | None = None
+        self._depth = 0
+        self._in_str = False
+        self._esc = False
+
+    def feed(self, piece: str) -> int | None:
+        start = len(self.text)
+        self.text += piece
+        for i in range(start, len(self.text)):
+            if self.end is not None:
+                break
+            ch = self.text[i]
+            if self._in_str:
+                if self._esc:
+                    self._esc = False
+                elif ch == "\\":
+                    self._esc = True
+                elif ch == '"':
+                    self._in_str = False
+            elif ch == '"':
+                self._in_str = True
+            elif ch in "{[":
+                self._depth += 1
+            elif ch in "}]":
+                self._depth -= 1
+                if self._depth == 0:
+                    self.end = i + 1
+        return self.end

@@ -112,7 +112,7 @@ def _split_objects(body: str) -> list[str]:
 def _call(raw: str, names: set[str], key: str) -> ParsedCall | None:
     try:
         obj = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
         return None
     if not isinstance(obj, dict) or obj.get("name") not in names:
         return None
@@ -120,7 +120,7 @@ def _call(raw: str, names: set[str], key: str) -> ParsedCall | None:
     if isinstance(args, str):  # some models emit the arguments as JSON text already
         try:
             args = json.loads(args)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     if not isinstance(args, dict):
         return None

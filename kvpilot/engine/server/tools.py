@@ -8,6 +8,10 @@ and how the generated text becomes OpenAI `tool_calls`, whole or streamed.
 - "required": the output is a JSON array of {"name", "arguments"} objects, one of the offered tools
   each (at most one with parallel_tool_calls=false).
 - {"type": "function", "function": {"name": X}}: the output is X's arguments object.
+
+Whole and streamed answers agree: a `required` array cut by max_tokens gives the calls whose names
+were complete, the last with its arguments as far as they got (finish "length"), both ways. With
+ignore_eos the output runs on past the constraint's end (as in vLLM): that free text is the content.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpilot.engine.server.errors import APIError
-from kvpilot.engine.server.tool_call_scanner import CallArrayScanner
+from kvpilot.engine.server.tool_call_scanner import CallArrayScanner, ValueEnd
 from kvpilot.engine.server.tool_parsers import (
     HERMES_OPEN,
     PYTHON_TAG,
@@ -65,24 +69,26 @@ class ToolPlan:
 
     def message(self, text: str, finish_reason: str | None) -> tuple[str | None, list[dict[str, Any]] | None, str | None]:
         """(content, tool_calls, finish_reason) of a whole choice."""
+        if self.mode == "named":  # OpenAI: "stop" for a forced function
+            end = ValueEnd().feed(text)
+            args, rest = (text, "") if end is None else (text[:end], text[end:])
+            return _free_text(rest), [ParsedCall(self.named or "", args).wire()], finish_reason
+        if self.mode == "required":
+            scanner = CallArrayScanner()
+            scanner.feed(text)
+            found = [ParsedCall(c.name, scanner.arguments(c)) for c in scanner.calls if c.name is not None]
+            if not found:  # cut before the first call's name: there is no call to return
+                return text, None, finish_reason
+            rest = text[scanner.end :] if scanner.end is not None else ""
+            return _free_text(rest), [c.wire() for c in found], "tool_calls" if finish_reason == "stop" else \
+                finish_reason  # fmt: skip
         calls = self._calls(text)
         if not calls:
             return text, None, finish_reason
-        if self.mode == "named":
-            return None, [c.wire() for c in calls], finish_reason  # OpenAI: "stop" for a forced function
-        return (self._content_before(text) if self.mode == "auto" else None), [c.wire() for c in calls], \
+        return self._content_before(text), [c.wire() for c in calls], \
             "tool_calls" if finish_reason == "stop" else finish_reason  # fmt: skip
 
     def _calls(self, text: str) -> list[ParsedCall]:
-        if self.mode == "named":
-            assert self.named is not None
-            return [ParsedCall(self.named, text)]
-        if self.mode == "required":
-            try:
-                items = json.loads(text)
-            except ValueError:
-                return []  # cut by max_tokens or a stop string: returned as content
-            return [ParsedCall(i["name"], json.dumps(i["arguments"], ensure_ascii=False)) for i in items]
         if self.mode == "auto" and self.parser is not None:
             calls = parse_tool_calls(self.parser, text, self.names)[1]
             return calls if self.parallel else calls[:1]
@@ -113,6 +119,8 @@ class ToolStream:
         self.buffering = plan.mode == "required"
         self.named_id = new_call_id() if plan.mode == "named" else ""
         self.opened = False  # named: the delta with the call's id and name went out
+        self.value_end = ValueEnd() if plan.mode == "named" else None
+        self.args_sent = 0  # named: characters of `text` already sent as arguments
         self.scanner = CallArrayScanner() if plan.mode == "required" else None
         self.call_ids: list[str] = []  # required: the ids of the calls opened so far
         self.calls_sent = 0  # auto (hermes): calls already sent whole
@@ -120,16 +128,18 @@ class ToolStream:
     def feed(self, piece: str) -> list[dict[str, Any]]:
         self.text += piece
         plan = self.plan
-        if plan.mode == "named":  # the output is the arguments: stream it as they come
-            self.sent = len(self.text)
-            call: dict[str, Any] = {"index": 0, "function": {"arguments": piece}}
+        if self.value_end is not None:  # named: the output is the arguments: stream them as they come
+            end = self.value_end.feed(piece)
+            upto = end if end is not None else len(self.text)
+            args, self.args_sent = self.text[self.args_sent : upto], max(self.args_sent, upto)
+            deltas: list[dict[str, Any]] = []
             if not self.opened:
-                call = {"index": 0, "id": self.named_id, "type": "function",
-                        "function": {"name": plan.named, "arguments": piece}}  # fmt: skip
-            elif not piece:
-                return []
-            self.opened = True
-            return [{"tool_calls": [call]}]
+                self.opened = True
+                deltas.append({"tool_calls": [{"index": 0, "id": self.named_id, "type": "function",
+                                               "function": {"name": plan.named, "arguments": args}}]})  # fmt: skip
+            elif args:
+                deltas.append({"tool_calls": [{"index": 0, "function": {"arguments": args}}]})
+            return deltas + (self._free_after(end) if end is not None else [])
         if self.scanner is not None:
             return self._required(piece)
         if self.buffering and plan.mode == "auto" and plan.parser == "hermes":
@@ -172,7 +182,13 @@ class ToolStream:
             else:
                 call = {"index": event.index, "function": {"arguments": event.arguments}}
             deltas.append({"tool_calls": [call]})
-        return deltas
+        return deltas + (self._free_after(self.scanner.end) if self.scanner.end is not None else [])
+
+    def _free_after(self, end: int) -> list[dict[str, Any]]:
+        """What ignore_eos generated past the constraint's end, as content (once it is more than spaces,
+        as the whole answer's content)."""
+        self.sent = max(self.sent, end)
+        return self._content(len(self.text)) if self.text[end:].strip() else []
 
     def _calls(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Whole calls not sent yet (at most one without parallel_tool_calls), one delta each."""
@@ -220,6 +236,10 @@ def tool_plan(req: Any, parser: str | None, template: str | None) -> ToolPlan | 
     _bad("tool_choice", f"tool_choice must be 'none', 'auto', 'required' or {{'type': 'function', 'function': "
          f"{{'name': ...}}}}, got {_show(choice)}")  # fmt: skip
     raise AssertionError  # unreachable: _bad raises
+
+
+def _free_text(rest: str) -> str | None:
+    return rest if rest.strip() else None
 
 
 def _show(value: Any) -> str:

@@ -11,7 +11,9 @@ from kvpilot import __version__
 from kvpilot.engine.server.errors import APIError
 from kvpilot.engine.server.prompts import chat_messages
 from kvpilot.engine.server.protocol import ChatMessage, Tool, _Body
+from kvpilot.engine.server.request_limits import MAX_MESSAGES
 from kvpilot.engine.server.runtime import ServerRuntime
+from kvpilot.engine.server.text_checks import check_unicode
 
 utility_router = APIRouter()
 
@@ -56,6 +58,22 @@ def _ready(request: Request, model: str | None) -> ServerRuntime:
 @utility_router.post("/tokenize", response_model=TokenizeResponse)
 async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
     runtime = _ready(request, body.model)
+    # the limits and admission of the completion routes: checked text, bounded length, a place taken
+    check_unicode(body)
+    if body.messages is not None and len(body.messages) > MAX_MESSAGES:
+        raise APIError(400, f"messages holds {len(body.messages)} messages; at most {MAX_MESSAGES} are accepted",
+                       param="messages", code="too_many_items")  # fmt: skip
+    _, admission = runtime.require_ready()
+    text_chars = len(body.prompt or "") + sum(len(m.text()) for m in body.messages or ())
+    admission.check_prompt_chars(text_chars, "prompt" if body.prompt is not None else "messages")
+    admission.acquire()
+    try:
+        return await _tokenize(runtime, body)
+    finally:
+        admission.release()
+
+
+async def _tokenize(runtime: ServerRuntime, body: TokenizeRequest) -> TokenizeResponse:
     if (body.prompt is None) == (body.messages is None):
         raise APIError(400, "send exactly one of 'prompt' (text) or 'messages' (a chat)", param="prompt")
     tokenizer = runtime.tokenizer
@@ -66,7 +84,9 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
         messages = chat_messages(body)
         tools = {"tools": [t.model_dump(exclude_none=True) for t in body.tools]} if body.tools else {}
         try:
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt, **tools)
+            text = await runtime.run_cpu(
+                lambda: tokenizer.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt, **tools)
+            )
         except ValueError as exc:
             raise APIError(400, f"cannot build the chat prompt: {exc}", param="messages") from exc
     ids = await runtime.run_cpu(tokenizer.encode, text, body.add_special_tokens)
@@ -77,12 +97,27 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
 @utility_router.post("/detokenize", response_model=DetokenizeResponse)
 async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
     runtime = _ready(request, body.model)
+    _, admission = runtime.require_ready()
+    if len(body.tokens) > admission.max_model_len:
+        raise APIError(400, f"tokens holds {len(body.tokens)} ids; at most {admission.max_model_len} (this model's "
+                       "maximum context length) are accepted", param="tokens", code="too_many_items")  # fmt: skip
+    admission.acquire()
+    try:
+        return await _detokenize(runtime, body)
+    finally:
+        admission.release()
+
+
+async def _detokenize(runtime: ServerRuntime, body: DetokenizeRequest) -> DetokenizeResponse:
     vocab = runtime.tokenizer.vocab_size
     bad = [t for t in body.tokens if not 0 <= t < vocab]
     if bad:
         raise APIError(400, f"token ids {bad[:5]} are out of range: this vocabulary has ids 0..{vocab - 1}",
                        param="tokens")  # fmt: skip
-    return DetokenizeResponse(prompt=runtime.tokenizer.decode(body.tokens))
+    # Special tokens stay, as vLLM's /detokenize keeps them: lm-eval decodes a context that starts
+    # with the EOS prefix token and sends the text back; dropping it would score another prompt.
+    text = await runtime.run_cpu(lambda: runtime.tokenizer.decode(body.tokens, skip_special_tokens=False))
+    return DetokenizeResponse(prompt=text)
 
 
 @utility_router.get("/version", response_model=VersionResponse)

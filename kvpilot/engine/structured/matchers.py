@@ -4,6 +4,9 @@ A matcher follows its sequence's completion tokens, whatever produced them: befo
 accepts the tokens appended since the last one. Preemption and recompute keep the completion
 tokens, so the matcher stays right without being told; n > 1 and best_of samples are separate
 requests with their own matchers over one cached compiled grammar.
+
+A sequence that goes on past its grammar's end (ignore_eos: the EOS that completes the grammar does
+not stop it) runs free from there, as in vLLM: its matcher is dropped and its row left unmasked.
 """
 
 from __future__ import annotations
@@ -65,6 +68,14 @@ class StructuredOutput:
         import xgrammar as xgr
 
         tracked = [self._catch_up(seqs[k]) for k in rows]
+        free = {k for k, t in zip(rows, tracked, strict=True) if t.matcher.is_terminated()}
+        if free:  # their grammar ended and they went on (ignore_eos): unmasked from now on
+            for k in free:
+                self.release(seqs[k].request_id)
+            tracked = [t for k, t in zip(rows, tracked, strict=True) if k not in free]
+            rows = [k for k in rows if k not in free]
+            if not rows:
+                return logits
         bitmask = self._bitmask_rows(len(rows), logits.shape[-1])
         if len(rows) * logits.shape[-1] >= THREADED_FILL_CELLS:  # big vocabularies: xgrammar's thread pool
             if self._batch is None:
@@ -103,7 +114,7 @@ class StructuredOutput:
         start = seq.num_prompt_tokens + t.accepted
         for token in seq.token_ids[start:]:
             t.accepted += 1
-            if t.broken:
+            if t.broken or t.matcher.is_terminated():  # past the grammar's end: nothing left to follow
                 continue
             if not t.matcher.accept_token(int(token)):
                 t.broken = True

@@ -1,0 +1,44 @@
+"""Polls a server's /health in a thread while a test attacks it; records each answer's latency."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+
+
+class HealthWatch:
+    """`with HealthWatch(url) as watch: ...`; then `watch.statuses`, `watch.latencies`, `watch.worst`."""
+
+    def __init__(self, base_url: str, interval_s: float = 0.02) -> None:
+        self.url = base_url + "/health"
+        self.interval_s = interval_s
+        self.latencies: list[float] = []
+        self.statuses: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=60) as client:
+            while not self._stop.is_set():
+                start = time.monotonic()
+                try:
+                    self.statuses.append(client.get(self.url).status_code)
+                except httpx.HTTPError:
+                    self.statuses.append(0)
+                self.latencies.append(time.monotonic() - start)
+                time.sleep(self.interval_s)
+
+    @property
+    def worst(self) -> float:
+        return max(self.latencies, default=0.0)
+
+    def __enter__(self) -> HealthWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        time.sleep(0.2)  # one more round after the attack returned
+        self._stop.set()
+        self._thread.join(90)
