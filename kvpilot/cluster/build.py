@@ -9,6 +9,7 @@ missing or does not report the expected version.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -84,6 +85,28 @@ def module_version(gomod: str, module: str) -> str:
     if not match:
         raise ValueError(f"go.mod does not require {module}; run the tools/ generator or `go get` it")
     return match.group(1)
+
+
+def go_module_dir(module: str, tools_subdir: str, what: str, tools_dir: Path = TOOLS_DIR) -> Path:
+    """Where Go's module cache holds `module` at the version tools/<tools_subdir>/go.mod pins
+    (downloaded on first use); `what` names it in the errors."""
+    if shutil.which("go", path=go_env()["PATH"]) is None:
+        raise RuntimeError("`go` not found on PATH or in /usr/local/go/bin; install Go >= 1.26 "
+                           f"(needed once, to download {what})")
+    cwd = tools_dir / tools_subdir
+    cmd = ["go", "mod", "download", "-json", module]
+    result = subprocess.run(cmd, cwd=cwd, env=go_env(), capture_output=True, text=True, timeout=600)
+    try:
+        info = json.loads(result.stdout)
+    except json.JSONDecodeError:
+        info = {}
+    if result.returncode != 0 or "Dir" not in info:
+        raise RuntimeError(f"`cd {cwd} && {' '.join(cmd)}` failed (exit {result.returncode}): "
+                           f"{info.get('Error') or result.stderr.strip() or result.stdout.strip()}")
+    want = module_version((cwd / "go.mod").read_text(), module)
+    if info.get("Version") != want:
+        raise RuntimeError(f"go resolved {module} to {info.get('Version')}, but tools/{tools_subdir}/go.mod pins {want}")
+    return Path(info["Dir"])
 
 
 def cache_dir() -> Path:

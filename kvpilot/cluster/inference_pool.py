@@ -12,10 +12,8 @@ left out: kvpilot writes only the v1 InferencePool. Nothing is committed.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -38,23 +36,7 @@ def crd_dir(tools_dir: Path = build.TOOLS_DIR) -> Path:
 
 def module_dir(tools_dir: Path = build.TOOLS_DIR) -> Path:
     """The unpacked module in Go's module cache (downloaded on first use)."""
-    if shutil.which("go", path=build.go_env()["PATH"]) is None:
-        raise RuntimeError("`go` not found on PATH or in /usr/local/go/bin; install Go >= 1.26 "
-                           "(needed once, to download the Gateway API Inference Extension module)")
-    cwd = tools_dir / TOOLS_SUBDIR
-    cmd = ["go", "mod", "download", "-json", MODULE]
-    result = subprocess.run(cmd, cwd=cwd, env=build.go_env(), capture_output=True, text=True, timeout=600)
-    try:
-        info = json.loads(result.stdout)
-    except json.JSONDecodeError:
-        info = {}
-    if result.returncode != 0 or "Dir" not in info:
-        raise RuntimeError(f"`cd {cwd} && {' '.join(cmd)}` failed (exit {result.returncode}): "
-                           f"{info.get('Error') or result.stderr.strip() or result.stdout.strip()}")
-    if info.get("Version") != version(tools_dir):
-        raise RuntimeError(f"go resolved {MODULE} to {info.get('Version')}, but tools/{TOOLS_SUBDIR}/go.mod "
-                           f"pins {version(tools_dir)}")
-    return Path(info["Dir"])
+    return build.go_module_dir(MODULE, TOOLS_SUBDIR, "the Gateway API Inference Extension module", tools_dir)
 
 
 def fetch(tools_dir: Path = build.TOOLS_DIR) -> list[Path]:
