@@ -16,12 +16,9 @@ import json
 import re
 import subprocess
 import tarfile
-import time
 from pathlib import Path
 
-import pytest
-
-from kvpilot.cluster.build import binary_path
+from tests.harness.background import Background, built_binary
 
 ARTIFACT_TYPE = "application/vnd.kvpilot.model.v1"
 EMPTY_CONFIG = "application/vnd.oci.empty.v1+json"
@@ -29,10 +26,7 @@ LAYER_TYPE = "application/vnd.kvpilot.model.file.v1"
 
 
 def crane_binary() -> Path:
-    path = binary_path("crane")
-    if not path.exists():
-        pytest.skip(f"crane is not built ({path}): run `kvpilot cluster build crane`")
-    return path
+    return built_binary("crane")
 
 
 def crane(*args: str, timeout: float = 120) -> str:
@@ -76,28 +70,21 @@ class CraneRegistry:
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log = workdir / "registry.log"
-        self.proc: subprocess.Popen[bytes] | None = None
         self.host = ""
+        self.process = Background([str(crane_binary()), "registry", "serve", "--address", "127.0.0.1:0",
+                                   "--disk", str(self.workdir / "blobs")], self.log, "crane registry")
 
     def __enter__(self) -> CraneRegistry:
         (self.workdir / "blobs").mkdir(exist_ok=True)  # crane's disk blob handler does not create it
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen([str(crane_binary()), "registry", "serve", "--address", "127.0.0.1:0",
-                                          "--disk", str(self.workdir / "blobs")], stdout=log, stderr=log)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            match = re.search(r"serving on port (\d+)", self.log.read_text())
-            if match:
-                self.host = f"127.0.0.1:{match.group(1)}"
-                return self
-            assert self.proc.poll() is None, f"crane registry exited: {self.log.read_text()}"
-            time.sleep(0.1)
-        raise TimeoutError(f"crane registry did not start: {self.log.read_text()}")
+        self.host = self.process.start(self._serving)
+        return self
+
+    def _serving(self) -> str | None:
+        match = re.search(r"serving on port (\d+)", self.log.read_text())
+        return f"127.0.0.1:{match.group(1)}" if match else None
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
+        self.process.stop()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

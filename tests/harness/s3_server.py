@@ -14,24 +14,18 @@ from __future__ import annotations
 
 import hashlib
 import socket
-import subprocess
-import time
 from pathlib import Path
 
 import httpx
-import pytest
 
-from kvpilot.cluster.build import binary_path
 from kvpilot.storage import sigv4
+from tests.harness.background import Background, built_binary
 
 REGION = "us-east-1"
 
 
 def versitygw_binary() -> Path:
-    path = binary_path("versitygw")
-    if not path.exists():
-        pytest.skip(f"versitygw is not built ({path}): run `kvpilot cluster build versitygw`")
-    return path
+    return built_binary("versitygw")
 
 
 def _free_port() -> int:
@@ -53,28 +47,24 @@ class S3Server:
         self.port = _free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.log = workdir / "versitygw.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.process = Background(
+            [str(versitygw_binary()), "--access", self.access_key, "--secret", self.secret_key,
+             "--region", REGION, "--port", f"127.0.0.1:{self.port}", "posix", "--nometa", str(self.root)],
+            self.log, "versitygw")
 
     def __enter__(self) -> S3Server:
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(
-                [str(versitygw_binary()), "--access", self.access_key, "--secret", self.secret_key,
-                 "--region", REGION, "--port", f"127.0.0.1:{self.port}", "posix", "--nometa", str(self.root)],
-                stdout=log, stderr=log)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"versitygw exited: {self.log.read_text()}"
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return self
-            except OSError:
-                time.sleep(0.1)
-        raise TimeoutError(f"versitygw did not listen: {self.log.read_text()}")
+        self.process.start(self._listening)
+        return self
+
+    def _listening(self) -> bool | None:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                return True
+        except OSError:
+            return None
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
+        self.process.stop()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

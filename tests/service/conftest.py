@@ -104,18 +104,28 @@ class ServerProcess:
         return int(self.proc.returncode)
 
 
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random tiny Llama checkpoint written by `kvpilot make-model`."""
-    out = tmp_path_factory.mktemp("models") / "tiny-llama"
+def make_tiny_model(out: Path, *flags: str) -> Path:
+    """A random tiny Llama checkpoint written by `kvpilot make-model` (`flags` go to it)."""
     result = subprocess.run(
-        [sys.executable, "-m", "kvpilot.cli", "make-model", str(out), "--family", "llama", "--size", "tiny"],
+        [sys.executable, "-m", "kvpilot.cli", "make-model", str(out), "--family", "llama", "--size", "tiny", *flags],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 0, f"kvpilot make-model failed:\n{result.stdout}\n{result.stderr}"
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random tiny Llama checkpoint (2 KV heads)."""
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_mha_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama with 4 KV heads, so that GQA can pool them (the probe-gate tests)."""
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-mha", "--kv-heads", "4")
 
 
 @pytest.fixture(scope="session")

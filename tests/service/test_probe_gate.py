@@ -8,8 +8,6 @@ the KV dtype does not enter), pooled GQA lowers it by ~0.11 nats/token, over the
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,13 +34,9 @@ LIMIT = Thresholds().max_accuracy_delta
 
 
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+def engines(tmp_path_factory: pytest.TempPathFactory, tiny_mha_model: Path) -> Iterator[dict[str, str]]:
     workdir = tmp_path_factory.mktemp("probes")
-    model = workdir / "tiny-mha"
-    made = subprocess.run([sys.executable, "-m", "kvpilot.cli", "make-model", str(model), "--family", "llama",
-                           "--size", "tiny", "--kv-heads", "4"], capture_output=True, text=True, timeout=300)
-    assert made.returncode == 0, made.stderr
-    with Fleet(model, workdir / "fleet") as fleet:
+    with Fleet(tiny_mha_model, workdir / "fleet") as fleet:
         fleet.start([EngineSpec("team-a", "llm", "stable"),
                      EngineSpec("team-a", "llm", "canary", ("--kv-cache-dtype", "int8")),
                      EngineSpec("team-a", "gqa", "canary", ("--attention", "gqa", "--kv-head-groups", "2"))])

@@ -8,8 +8,6 @@ like an OpenAI-compatible server that has no /v1/score). The gate must reach the
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,13 +36,9 @@ LIMIT = Thresholds().max_accuracy_delta
 
 
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Endpoint]]:
+def engines(tmp_path_factory: pytest.TempPathFactory, tiny_mha_model: Path) -> Iterator[dict[str, Endpoint]]:
     workdir = tmp_path_factory.mktemp("echo-probes")
-    model = workdir / "tiny-mha"
-    made = subprocess.run([sys.executable, "-m", "kvpilot.cli", "make-model", str(model), "--family", "llama",
-                           "--size", "tiny", "--kv-heads", "4"], capture_output=True, text=True, timeout=300)
-    assert made.returncode == 0, made.stderr
-    with Fleet(model, workdir / "fleet") as fleet:
+    with Fleet(tiny_mha_model, workdir / "fleet") as fleet:
         fleet.start([EngineSpec("team-a", "llm", "stable"),
                      EngineSpec("team-a", "same", "canary", ("--no-score-route",)),
                      EngineSpec("team-a", "gqa", "canary", ("--no-score-route", "--attention", "gqa",
