@@ -100,7 +100,7 @@ def test_pass_before_a_100_step_promotes_then_completes_when_stable_is_rolled() 
         status = decide(status, SPEC, None, at(t)).status
         assert status.step == step
         status = decide(status, SPEC, Result("pass"), at(t + 1)).status
-    assert (status.phase, status.weight, status.step) == (p.PROMOTING, 100, 2)
+    assert (status.phase, status.weight, status.step) == (p.PROMOTING, 5, 2)  # the last step's weight, held
     waiting = decide(status, SPEC, None, at(40), World(stable_promoted=False))
     assert waiting.status == status and waiting.actions == ()
     done = decide(status, SPEC, None, at(41))
@@ -108,12 +108,13 @@ def test_pass_before_a_100_step_promotes_then_completes_when_stable_is_rolled() 
     assert kinds(done.actions) == [SetWeight, DeleteCanary]
 
 
-def test_promotion_emits_route_to_canary_and_promote() -> None:
+def test_promotion_holds_the_canary_at_its_last_weight_while_stable_rolls() -> None:
+    """The canary is sized for its step's share: the route must not send it everything while stable rolls."""
     spec = RolloutSpec(spec_hash="h1", steps=(50,), interval_s=10, failure_limit=1)
     status = decide(started(spec), spec, None, at(10)).status
     decision = decide(status, spec, Result("pass"), at(11))
-    assert kinds(decision.actions) == [SetWeight, Promote] and SetWeight(100) in decision.actions
-    assert decision.status.promoted
+    assert kinds(decision.actions) == [Promote] and decision.status.weight == 50
+    assert decision.status.promoted and "keeps 50%" in decision.status.message
 
 
 @pytest.mark.parametrize("verdict", ["fail", "inconclusive"])

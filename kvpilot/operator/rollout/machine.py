@@ -224,9 +224,16 @@ def _paused(status: CanaryStatus, spec: RolloutSpec, _result: Verdict | None, no
 
 
 def _promote(status: CanaryStatus, spec: RolloutSpec, why: str) -> Decision:
-    new = status.with_(phase=p.PROMOTING, step=min(status.step + 1, len(spec.steps)), weight=FULL, promoted=True,
-                       reason="Promoting", message=f"promoting: {why}; stable takes the canary's configuration")
-    return Decision(new, (SetWeight(FULL), Promote(), Event("Normal", "Promoting", new.message)))
+    """The stable track takes the canary's configuration; the canary keeps its last weight meanwhile.
+
+    The canary is sized for its last step's share (spec.canary.replicas or derived from the weight),
+    so sending it all traffic while stable's pods roll would overload it; as Flagger does, the route
+    stays where it is until every stable pod runs the new configuration (stable's rolling update
+    surges one pod at a time, never below its replicas), and only then moves to stable."""
+    new = status.with_(phase=p.PROMOTING, step=min(status.step + 1, len(spec.steps)), promoted=True,
+                       reason="Promoting", message=f"promoting: {why}; stable takes the canary's configuration, "
+                       f"the canary keeps {status.weight}% of traffic until every stable pod runs it")
+    return Decision(new, (Promote(), Event("Normal", "Promoting", new.message)))
 
 
 def _promoting(status: CanaryStatus, _spec: RolloutSpec, _result: Verdict | None, _now: datetime.datetime,
