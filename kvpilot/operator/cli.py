@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="static engine address of one track for the probe set (local runs, tests)")
     rollout.add_argument("--rollout-tick", type=float, default=10.0, metavar="SECONDS",
                          help="how often each rollout is looked at (default 10; steps last spec.canary.interval)")
+    rollout.add_argument("--autoscaling-interval", type=float, default=30.0, metavar="SECONDS",
+                         help="how often status.autoscaling is written from the HPAs and the denser-strategy "
+                              "proposal checked (default 30; spec.autoscaling, docs/autoscaling.md)")
     rollout.add_argument("--gateway-metrics", default="", metavar="NAME",
                          help="count the 5xx the Gateway answers for each track in the analysis, from this "
                               "implementation's metrics: kvpilot-local (the local fleet's gateway), istio; "
@@ -73,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
             gateway_url=args.gateway_url.rstrip("/"),
             track_urls=dict(options.parse_track_url(t) for t in args.track_url),
             tick_s=args.rollout_tick,
+            autoscaling_interval_s=args.autoscaling_interval,
             router=args.router,
             gpu_product_label=args.gpu_product_label,
             canary_gpu_check=args.canary_gpu_check,
@@ -83,7 +87,9 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"kvpilot operator: {exc}") from None
     if args.rollout_tick <= 0:
         raise SystemExit(f"kvpilot operator: --rollout-tick must be > 0 seconds, got {args.rollout_tick}")
-    options.configure(configured)  # before the handlers are registered: the timer reads tick_s
+    if args.autoscaling_interval <= 0:
+        raise SystemExit(f"kvpilot operator: --autoscaling-interval must be > 0 seconds, got {args.autoscaling_interval}")
+    options.configure(configured)  # before the handlers are registered: the timers read their intervals
     import kvpilot.operator.handlers  # noqa: F401  (registers the handlers)
 
     if args.metrics_port:

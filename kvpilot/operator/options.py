@@ -24,6 +24,7 @@ class Options:
     router: str = "gateway-api"
     provider: str = "prometheus"
     tick_s: float = 10.0  # how often each rollout is looked at (step intervals are spec.canary.interval)
+    autoscaling_interval_s: float = 30.0  # how often status.autoscaling is written (--autoscaling-interval)
     gpu_product_label: str = "nvidia.com/gpu.product"  # node label of spec.resources.gpuProduct (--gpu-product-label)
     canary_gpu_check: str = "require"  # require | warn | off: free GPUs before the canary (--canary-gpu-check)
     gateway_queries: GatewayQueries | None = None  # the Gateway's per-backend 5xx (--gateway-metrics): None, off

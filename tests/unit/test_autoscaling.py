@@ -149,8 +149,15 @@ def test_apply_track_writes_an_hpa_when_on_and_removes_it_when_off():
     assert hpa_path not in kube.objects and ("DELETE", hpa_path) in kube.requests
     zero = copy.deepcopy(BUILT)
     zero["spec"]["replicas"] = 0  # a canary scaled to no pods is never autoscaled
+    canary_hpa = object_path("autoscaling/v2", "HorizontalPodAutoscaler", "ns", "chat-canary")
+    kube.add({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+              "metadata": {"name": "chat-canary", "namespace": "ns"}, "spec": {}})
+    del kube.requests[:]
     apply_track(kube, owner, zero, scaling, "canary", max_concurrency=8)
-    assert object_path("autoscaling/v2", "HorizontalPodAutoscaler", "ns", "chat-canary") not in kube.objects
+    assert canary_hpa not in kube.objects
+    # The HPA goes before the Deployment is applied at 0 pods: it cannot scale the track back up in between.
+    assert [r for r in kube.requests if r[0] in ("DELETE", "APPLY")] == [
+        ("DELETE", canary_hpa), ("APPLY", object_path("apps/v1", "Deployment", "ns", "chat-stable"))]
 
 
 def test_the_canary_hpa_follows_the_weight_against_the_stable_pods_running_now():
@@ -179,3 +186,22 @@ def test_the_canary_hpa_follows_the_weight_against_the_stable_pods_running_now()
         assert (spec["minReplicas"], spec["maxReplicas"]) == bounds, weight
         assert spec["metrics"][0]["external"]["metric"]["selector"]["matchLabels"]["track"] == "canary"
     assert handoffs == [3, 6]  # each weight step moved the canary into its new bounds before the HPA took over
+
+
+def test_the_autoscaling_timer_interval_is_an_operator_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    import kopf
+
+    from kvpilot.operator import cli, options
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert parser.parse_args(["-n", "a"]).autoscaling_interval == 30.0
+    monkeypatch.setattr(kopf, "run", lambda **kw: None)
+    monkeypatch.setattr(kopf, "configure", lambda **kw: None)
+    monkeypatch.setattr(options, "_current", options.Options())  # restored after the test
+    assert cli.run(parser.parse_args(["-n", "a", "--autoscaling-interval", "2"])) == 0
+    assert options.current().autoscaling_interval_s == 2.0
+    with pytest.raises(SystemExit, match="--autoscaling-interval must be > 0 seconds, got 0"):
+        cli.run(parser.parse_args(["-n", "a", "--autoscaling-interval", "0"]))

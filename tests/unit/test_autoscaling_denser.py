@@ -98,6 +98,20 @@ def test_status_proposes_and_only_start_writes_the_canary():
     assert patches[0][1] == {"spec": {"canary": {"strategy": {"kvCacheDtype": "int8"},
                                                  "analysis": {"probeSet": "kvpilot-probes"}}}}
 
+    # The next ticks: the proposal runs as spec.canary (a rollout is not started twice); a canary of
+    # another strategy is left alone.
+    for canary, started in (({"strategy": {"kvCacheDtype": "int8"}, "analysis": {"probeSet": "kvpilot-probes"}},
+                              "yes: spec.canary runs it (rollout Progressing)"),
+                             ({"strategy": {"attention": "gqa", "kvHeadGroups": 2}},
+                              "no: a rollout of another strategy (spec.canary) is already there")):
+        body = _body(denserStrategy="start", probeSet="kvpilot-probes")
+        body["spec"]["canary"] = canary
+        body["status"] = {**(body.get("status") or {}), "canary": {"phase": "Progressing"}}
+        kube = _kube_with(body, _hpa(4, 4, "2027-01-15T08:00:00Z"))
+        patches.clear()
+        out = observe(kube, copy.deepcopy(body), lambda *e: events.append(e), now_s=since + 600)
+        assert out["proposal"]["started"] == started and patches == []
+
 
 def test_no_pressure_no_proposal():
     body = _body()

@@ -44,7 +44,6 @@ def apply_track(kube: Kube, owner: Mapping[str, Any], deployment: Mapping[str, A
     """Apply a track's Deployment: sized by its HPA when spec.autoscaling is on, else as built (and
     then no HPA may fight the operator's count). A track scaled to 0 pods is never autoscaled."""
     if scaling is None or (deployment.get("spec") or {}).get("replicas") == 0:
-        applied = kube.apply(deployment)
-        delete_hpa(kube, owner, track)
-        return applied
+        delete_hpa(kube, owner, track)  # first: an HPA still there could scale the track back up after the apply
+        return kube.apply(deployment)
     return apply_autoscaled(kube, owner, deployment, scaling, track, max_concurrency=max_concurrency, weight=weight)

@@ -76,7 +76,10 @@ def _start(kube: Kube, body: Mapping[str, Any], strategy: Mapping[str, Any], pro
     """Start the proposal as spec.canary; a string saying what happened (status.autoscaling.proposal.started)."""
     spec = body.get("spec") or {}
     if spec.get("canary"):
-        return "no: a rollout (spec.canary) is already there"
+        if dict(spec["canary"].get("strategy") or {}) == dict(strategy):  # started by an earlier tick (or a person)
+            phase = ((body.get("status") or {}).get("canary") or {}).get("phase") or "starting"
+            return f"yes: spec.canary runs it (rollout {phase})"
+        return "no: a rollout of another strategy (spec.canary) is already there"
     if not probe_set:
         return "no: spec.autoscaling.probeSet is empty, and a denser strategy is only started with an accuracy gate"
     meta = body["metadata"]
