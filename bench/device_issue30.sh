@@ -2,13 +2,17 @@
 # Issue 30 on the H200, one device call per stage (600 s a command):
 #   run(command="bash bench/device_issue30.sh speed", carry=[".whl"])  # bounds, gpu tests, offline, decode steps,
 #                                                                     # serving burst (engine thread in the server)
+#   run(command="BUDGET=135 bash bench/device_issue30.sh int8")  # per-step breakdown of the offline workload,
+#                                                                     # int8 then bf16 KV; batch-1 step; bounds
 #   run(command="bash bench/device_issue30.sh serve", carry=[".whl"])  # serving burst, engine core in its own
 #                                                                     # process and in a thread; Poisson 2 req/s
 # Everything is logged to $OUT/issue30.log; each step's JSON record also to $OUT/records.jsonl.
 set -u
 start=$SECONDS
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || exit 1
+if [[ ${1:-speed} != int8 ]]; then  # the int8 stage runs no server: no wheels to carry
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+fi
 export PYTHONPATH=/tmp/site:. PYTHON=python3 PYTHONUNBUFFERED=1
 out=${OUT:-device_out}
 mkdir -p "$out"
@@ -19,10 +23,12 @@ step() {  # step NAME TIMEOUT CMD...: run CMD under a timeout if there is time l
   (( $(left) < 20 )) && { echo "== $name: skipped (no time left)" | tee -a "$log"; return; }
   (( limit > $(left) )) && limit=$(left)
   echo "== $name ($(date +%T), ${limit}s): $*" | tee -a "$log"
-  timeout "$limit" "$@" > "/tmp/$name.txt" 2>&1
-  echo "== $name rc=$? after $((SECONDS - start))s" >> "/tmp/$name.txt"
-  grep -v -E "it/s\]|s/it\]|^\s*$" "/tmp/$name.txt" | tail -40 | tee -a "$log"
-  local record; record=$(grep '^{' "/tmp/$name.txt" | tail -1)
+  local text=/tmp/$name.txt
+  [[ -n ${STEP_FILES:-} ]] && text=$out/$name.txt  # written under $OUT as it runs: a step cut by the limit comes back
+  timeout "$limit" "$@" > "$text" 2>&1
+  echo "== $name rc=$? after $((SECONDS - start))s" >> "$text"
+  grep -v -E "it/s\]|s/it\]|^\s*$" "$text" | tail -40 | tee -a "$log"
+  local record; record=$(grep '^{' "$text" | tail -1)
   [[ -n $record ]] && echo "{\"step\": \"$name\", \"record\": $record}" >> "$out/records.jsonl"
   [[ $name == offline ]] && echo "$record" > /tmp/offline.json
   return 0
@@ -44,6 +50,13 @@ speed)
   step serve_burst 150 env OFFLINE=0 bench/serve_vs_offline.sh shape:llama-3-8b "$(serve_dir thread)" "$W" "$E" inf
   cp /tmp/serve-thread/report.json "$out/serve_burst_report.json" 2>/dev/null
   step offline_sync 100 python3 -m kvpilot.cli bench offline --shape llama-3-8b --async-scheduling off --no-progress
+  ;;
+int8)  # where int8 KV's offline time goes, against bf16 in the same call (bench/offline_breakdown.py)
+  export STEP_FILES=1 TRITON_CACHE_DIR=/tmp/triton-cache
+  step breakdown_int8 90 python3 bench/offline_breakdown.py --shape llama-3-8b --kv-cache-dtype int8
+  step breakdown_bf16 70 python3 bench/offline_breakdown.py --shape llama-3-8b
+  step decode_b1 45 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 --top 8
+  step bounds 30 python3 bench/speed_bounds.py
   ;;
 serve)  # the offline figure of the speed stage's run (.whl/offline_run1.json) is the reference
   cp .whl/offline_run1.json /tmp/offline.json

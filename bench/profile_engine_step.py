@@ -68,13 +68,16 @@ def build_engine(args: argparse.Namespace, model_dir: Path) -> LLMEngine:
     total = args.context + args.warmup + args.steps + args.cprofile_steps + 2
     blocks_per_seq = -(-total // args.block_size)
     extra: dict[str, Any] = {"kv_cache_dtype": args.kv_cache_dtype}
+    kv_blocks = args.batch * blocks_per_seq + 1
+    if args.kv_cache_dtype in ("int8", "fp8"):  # the 16-bit fallback reserve takes its share of the pool
+        kv_blocks = -(-kv_blocks * 5 // 4)
     if args.auto_threshold is not None:  # kv_cache_dtype auto switching 16-bit / int8 blocks by batch size
         extra["kv_quant_auto_threshold"] = args.auto_threshold
     if args.stub_model:  # no attention layer runs, so no served output to validate
         extra["validation_sample_rate"] = 0.0
     return LLMEngine(EngineConfig(
         model=str(model_dir), device=args.device, block_size=args.block_size,
-        num_kv_blocks=args.batch * blocks_per_seq + 1, max_num_seqs=args.batch,
+        num_kv_blocks=kv_blocks, max_num_seqs=args.batch,
         max_num_batched_tokens=max(2048, args.batch), max_model_len=total + 1,
         enable_prefix_caching=not args.no_prefix_caching, show_progress=False, **extra,
     ))

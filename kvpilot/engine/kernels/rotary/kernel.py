@@ -1,23 +1,20 @@
-"""Triton rotate-half RoPE: one program per (token, q or k), all heads of it at once."""
+"""Triton rotate-half RoPE: one program per token rotates all heads of its q and its k (one launch)."""
 
 from __future__ import annotations
 
+import triton
 import triton.language as tl
 
 from kvpilot.engine.kernels.specialization import step_kernel
 
 
-@step_kernel
-def _rotary_kernel(pos_ptr, inv_freq_ptr, x_ptr, out_ptr, H, stride_xt, stride_xh, stride_ot, stride_oh,
-                   HALF: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
-    t = tl.program_id(0)
+@triton.jit
+def _rotate_heads(x_ptr, out_ptr, t, H, stride_xt, stride_xh, stride_ot, stride_oh, cos, sin,
+                  HALF: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
     heads = tl.arange(0, BLOCK_H)[:, None]
     cols = tl.arange(0, HALF)[None, :]
     mask = heads < H
-    angle = tl.load(pos_ptr + t).to(tl.float32) * tl.load(inv_freq_ptr + cols).to(tl.float32)
     dtype = out_ptr.dtype.element_ty
-    cos = tl.cos(angle).to(dtype).to(tl.float32)  # rounded as the reference's cos.to(dtype)
-    sin = tl.sin(angle).to(dtype).to(tl.float32)
     src = x_ptr + t * stride_xt + heads * stride_xh + cols
     x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
@@ -27,3 +24,19 @@ def _rotary_kernel(pos_ptr, inv_freq_ptr, x_ptr, out_ptr, H, stride_xt, stride_x
     dst = out_ptr + t * stride_ot + heads * stride_oh + cols
     tl.store(dst, o1.to(dtype), mask=mask)
     tl.store(dst + HALF, o2.to(dtype), mask=mask)
+
+
+@step_kernel
+def _rotary_kernel(pos_ptr, inv_freq_ptr, q_ptr, q_out_ptr, k_ptr, k_out_ptr, HQ, HK,
+                   stride_qt, stride_qh, stride_qot, stride_qoh, stride_kt, stride_kh, stride_kot, stride_koh,
+                   HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr):  # fmt: skip
+    # q and k in one program: the angles, cos and sin are computed once per token, and a decode
+    # step's layer launches one kernel for both (at batch 1 the launch is most of its time)
+    t = tl.program_id(0)
+    cols = tl.arange(0, HALF)[None, :]
+    angle = tl.load(pos_ptr + t).to(tl.float32) * tl.load(inv_freq_ptr + cols).to(tl.float32)
+    dtype = q_out_ptr.dtype.element_ty
+    cos = tl.cos(angle).to(dtype).to(tl.float32)  # rounded as the reference's cos.to(dtype)
+    sin = tl.sin(angle).to(dtype).to(tl.float32)
+    _rotate_heads(q_ptr, q_out_ptr, t, HQ, stride_qt, stride_qh, stride_qot, stride_qoh, cos, sin, HALF, BLOCK_HQ)
+    _rotate_heads(k_ptr, k_out_ptr, t, HK, stride_kt, stride_kh, stride_kot, stride_koh, cos, sin, HALF, BLOCK_HK)

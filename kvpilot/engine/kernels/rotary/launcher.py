@@ -1,4 +1,4 @@
-"""Launcher for the RoPE kernel: checks the contract, then one program per token for q and one for k."""
+"""Launcher for the RoPE kernel: checks the contract, then one launch, one program per token for its q and k."""
 
 from __future__ import annotations
 
@@ -20,12 +20,14 @@ def rotary_triton(
     assert k.shape[2] == head_dim and inv_freq.shape == (half,), f"inv_freq {tuple(inv_freq.shape)} != [{half}]"
     assert half & (half - 1) == 0 and q.stride(2) == 1 and k.stride(2) == 1, "D/2 a power of two, last dim contiguous"
     assert inv_freq.is_contiguous() and positions.is_contiguous()
-    outs = []
-    for x in (q, k):
-        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        if x.shape[0]:
-            _rotary_kernel[(x.shape[0],)](positions, inv_freq, x, out, x.shape[1], x.stride(0), x.stride(1),
-                                          out.stride(0), out.stride(1), HALF=half,
-                                          BLOCK_H=triton.next_power_of_2(x.shape[1]))  # fmt: skip
-        outs.append(out)
-    return outs[0], outs[1]
+    assert q.dtype == k.dtype, f"q and k dtypes differ: {q.dtype} vs {k.dtype}"
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    if q.shape[0]:
+        _rotary_kernel[(q.shape[0],)](
+            positions, inv_freq, q, q_out, k, k_out, q.shape[1], k.shape[1],
+            q.stride(0), q.stride(1), q_out.stride(0), q_out.stride(1),
+            k.stride(0), k.stride(1), k_out.stride(0), k_out.stride(1),
+            HALF=half, BLOCK_HQ=triton.next_power_of_2(q.shape[1]), BLOCK_HK=triton.next_power_of_2(k.shape[1]),
+        )
+    return q_out, k_out
