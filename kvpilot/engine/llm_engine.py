@@ -16,6 +16,7 @@ from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.metrics.stats import EngineStats, build_feed, kv_occupancy
 from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.step_hooks import StepHooks
+from kvpilot.engine.stop_matcher import StopAutomaton, automaton
 from kvpilot.engine.strategies.fallback.reserve import build_block_manager, sequence_blocks
 from kvpilot.engine.strategies.kv_quant.pools import kv_feed
 from kvpilot.engine.structured.matchers import StructuredOutput
@@ -91,6 +92,7 @@ class LLMEngine:
         self.stats_state = EngineStats()
         self._seqs: dict[str, Sequence] = {}
         self._texts: dict[str, str] = {}
+        self._stop_matchers: dict[str, StopAutomaton] = {}  # request id -> its stop strings' automaton
         self._pending: list[RequestOutput] = []
         self.async_scheduling = self._use_async_scheduling()
         self._inflight: PendingStep | None = None  # the launched step whose tokens are not read yet
@@ -329,10 +331,13 @@ class LLMEngine:
         text = self.tokenizer.decode(seq.completion_token_ids)
         if stops and (seq.finish_reason is None or seq.finish_reason == "length"):
             # margin: a multi-byte character completed by this token may change the earlier text
-            tail = max(0, len(self._texts[seq.request_id]) - max(len(s) for s in stops) - 8)
-            hits = [i for i in (text.find(s, tail) for s in stops) if i >= 0]
-            if hits:
-                text = text[: min(hits)]
+            matcher = self._stop_matchers.get(seq.request_id)
+            if matcher is None:  # one per sequence: the work per character does not grow with the stops
+                matcher = self._stop_matchers[seq.request_id] = automaton(tuple(stops))
+            tail = max(0, len(self._texts[seq.request_id]) - matcher.longest - 8)
+            hit = matcher.earliest(text, tail)
+            if hit is not None:
+                text = text[:hit]
                 if not seq.is_finished:
                     self.scheduler.finish(seq, "stop")
                 seq.finish_reason = "stop"
@@ -352,6 +357,7 @@ class LLMEngine:
     def _forget(self, seq: Sequence) -> None:
         self._seqs.pop(seq.request_id, None)
         self._texts.pop(seq.request_id, None)
+        self._stop_matchers.pop(seq.request_id, None)
         self.structured.release(seq.request_id)
         self.runner.release(seq.request_id)
 

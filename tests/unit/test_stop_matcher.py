@@ -1,5 +1,6 @@
 """Issue 33 item 2: stop strings are found by one Aho-Corasick scan whose work per character does
-not grow with their number, with the same text out as the per-stop search it replaced."""
+not grow with their number, with the same text out as the per-stop search it replaced (the server's
+streams, StopScan) and the same cut as the engine's per-stop find (StopAutomaton.earliest)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpilot.engine.server.detokenizer import IncrementalText
-from kvpilot.engine.server.stop_matcher import StopAutomaton, StopScan
+from kvpilot.engine.stop_matcher import StopAutomaton, StopScan
 
 pytestmark = pytest.mark.unit
 
@@ -86,3 +87,15 @@ def test_work_per_character_does_not_grow_with_the_number_of_stops() -> None:
 
     assert steps(many) <= steps(few) * 1.01  # the per-stop search did 64 times the work here
     assert StopScan([f"stop-{i}" for i in range(128)]).feed(text) == (None, 0)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    text=st.text(alphabet="abc", max_size=40),
+    stops=st.lists(st.text(alphabet="abc", min_size=1, max_size=5), min_size=1, max_size=6),
+    start=st.integers(0, 45),
+)
+def test_earliest_is_the_per_stop_find_the_engine_did(text: str, stops: list[str], start: int) -> None:
+    hits = [i for i in (text.find(s, start) for s in stops) if i >= 0]
+    assert StopAutomaton(tuple(stops)).earliest(text, start) == (min(hits) if hits else None)
+

@@ -12,14 +12,14 @@ What is held back, and only that:
   else releases it as U+FFFD (an invalid byte sequence is never withheld longer than one token);
 - the end of the text while it could be the start of a stop string (OpenAI semantics: a stop
   string ends the text and is not part of it). Stop strings are found by one Aho-Corasick scan
-  (stop_matcher.py): the work per character does not grow with their number.
+  (kvpilot/engine/stop_matcher.py): the work per character does not grow with their number.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from kvpilot.engine.server.stop_matcher import StopScan
+from kvpilot.engine.stop_matcher import StopScan
 
 REPLACEMENT_CHAR = "\ufffd"
 # Tokens of left context kept when the window slides. UTF-8 characters have at most 4 bytes and

@@ -1,8 +1,11 @@
 """Stop strings found in streamed text in time independent of how many there are (Aho-Corasick).
 
-One automaton per distinct stop list (cached), one `StopScan` per completion. The automaton's state
-after each character is the longest end of the text so far that begins some stop string: that is
-exactly the text a stream must hold back, and a state that ends a stop string is a match.
+One automaton per distinct stop list (cached), one `StopScan` per completion (the server's
+streams), or `StopAutomaton.earliest` over a window of the text (the engine, whose decoded text may
+still change in its last characters). The automaton's state after each character is the longest
+end of the text so far that begins some stop string: that is exactly the text a stream must hold
+back, and a state that ends a stop string is a match. Torch-free and server-free: the engine and
+the server both import it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ class StopAutomaton:
         self.depth = [0]  # characters from the root: the length of the state's string
         self.fail = [0]
         self.match = [0]  # length of the longest stop string that ends at this state (0: none)
+        self.longest = max((len(stop) for stop in stops), default=0)
         for stop in stops:
             state = 0
             for ch in stop:
@@ -43,6 +47,22 @@ class StopAutomaton:
                 self.fail[nxt] = self.goto[back].get(ch, 0)
                 if not self.match[nxt]:
                     self.match[nxt] = self.match[self.fail[nxt]]
+
+    def earliest(self, text: str, start: int = 0) -> int | None:
+        """Where the earliest-beginning stop string in `text[start:]` begins (an index into `text`),
+        or None: what min(text.find(s, start) for s in stops) gives, in work that does not grow
+        with the number of stops."""
+        state, best = 0, None
+        for i in range(start, len(text)):
+            state = self.step(state, text[i])
+            length = self.match[state]
+            if length:  # keep scanning: a longer stop string ending later may begin earlier
+                begin = i + 1 - length
+                if best is None or begin < best:
+                    best = begin
+                if best <= i + 1 - self.depth[state]:  # no stop string still open began before it
+                    return best
+        return best
 
     def step(self, state: int, ch: str) -> int:
         goto, fail = self.goto, self.fail
