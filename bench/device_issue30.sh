@@ -2,7 +2,7 @@
 # Issue 30 on the H200, one device call per stage (600 s a command):
 #   run(command="bash bench/device_issue30.sh speed", carry=[".whl"])  # bounds, gpu tests, offline, decode steps,
 #                                                                     # serving burst (engine thread in the server)
-#   run(command="BUDGET=135 bash bench/device_issue30.sh int8")  # per-step breakdown of the offline workload,
+#   run(command="BUDGET=195 bash bench/device_issue30.sh int8")  # per-step breakdown of the offline workload,
 #                                                                     # int8 then bf16 KV; batch-1 step; bounds
 #   run(command="bash bench/device_issue30.sh serve", carry=[".whl"])  # serving burst, engine core in its own
 #                                                                     # process and in a thread; Poisson 2 req/s
@@ -53,8 +53,8 @@ speed)
   ;;
 int8)  # where int8 KV's offline time goes, against bf16 in the same call (bench/offline_breakdown.py)
   export STEP_FILES=1 TRITON_CACHE_DIR=/tmp/triton-cache
-  step breakdown_int8 90 python3 bench/offline_breakdown.py --shape llama-3-8b --kv-cache-dtype int8
-  step breakdown_bf16 70 python3 bench/offline_breakdown.py --shape llama-3-8b
+  step breakdown_int8 120 python3 bench/offline_breakdown.py --shape llama-3-8b --kv-cache-dtype int8
+  step breakdown_bf16 80 python3 bench/offline_breakdown.py --shape llama-3-8b
   step decode_b1 45 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 --top 8
   step bounds 30 python3 bench/speed_bounds.py
   ;;

@@ -93,6 +93,8 @@ class StepClock:
             self.validation_s += self._step_validation
             last = now
             output_tokens += sum(len(o.new_token_ids) for o in outs)
+            if len(self.rows) % 250 == 0:  # a run cut short by a time limit still says where it went
+                print(f"  {tag} after {len(self.rows)} steps, {now - start:.2f} s: {self.classes()}", flush=True)
         if engine.runner.is_cuda:
             import torch
 
@@ -141,6 +143,8 @@ def main() -> None:
         engine = LLMEngine(EngineConfig(model=model, **knobs))
     requests = random_requests(args.num_requests, parse_range(args.input_len), parse_range(args.output_len),
                                engine.model_config.vocab_size, args.seed)  # fmt: skip
+    print(f"engine ready: {engine.runner.num_kv_blocks} KV blocks, graphs {engine.runner.decode_graphs is not None}, "
+          f"async {engine.async_scheduling}", flush=True)  # fmt: skip
     clock = StepClock(engine)
     clock.run(warmup_requests(requests), args.temperature, "warmup")
     compiled_before = cache_files(triton_cache)
