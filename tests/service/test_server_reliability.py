@@ -168,6 +168,33 @@ def test_bodies_of_many_items_or_deep_nesting_are_refused_as_they_arrive(server:
     assert error["param"] == "messages" and "5000 messages; at most 4096" in error["message"]
 
 
+def test_an_oversize_constraint_is_refused_from_the_raw_bytes_before_the_body_is_parsed(server: ServerProcess) -> None:
+    # Item 1's open case: sixteen 50,000-value enums took /health past a second, each body parsed,
+    # validated and serialised for its cache key before the refusal. A malformed max_tokens shows
+    # which came first: a parsed and validated body is a 422 naming max_tokens.
+    enum = {"enum": [f"v-{i}" for i in range(50_000)]}
+    before = server.stats()["requests"]["rejected_total"]["invalid"]
+    cases = [
+        ("/v1/completions", {"prompt": "hi", "guided_json": enum}, "guided_json"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+         "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": enum}}}, "response_format"),
+        ("/v1/responses", {"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": enum}}},
+         "text.format"),
+    ]  # fmt: skip
+    for path, fields, param in cases:
+        body = {"model": SERVED_MODEL, "max_tokens": "lots", "max_output_tokens": "lots", **fields}
+        error = _error(_post(server, path, body), 400)
+        assert error["param"] == param and error["code"] == "invalid_value", error
+        assert error["message"].startswith(f"{param} holds at least ") and "at most 131072 characters" in error["message"]
+    assert server.stats()["requests"]["rejected_total"]["invalid"] == before + len(cases)
+    # over the limit only in its whitespace: not refused from the raw bytes (parsed: the 422 names max_tokens)
+    small = json.dumps({"model": SERVED_MODEL, "prompt": "hi", "max_tokens": "lots",
+                        "guided_json": {"enum": [f"v-{i}" for i in range(9000)]}}, indent=8)  # fmt: skip
+    assert len(small) > 131072
+    response = httpx.post(server.base_url + "/v1/completions", content=small, headers={"content-type": "application/json"})
+    assert _error(response, 422)["param"] == "max_tokens"
+
+
 def test_a_body_that_trickles_in_is_408_at_the_body_timeout(server: ServerProcess) -> None:
     # Item 8 (the body's part): half-sent bodies held their connection for as long as the client liked.
     head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

@@ -1,5 +1,6 @@
-"""Issue 33 item 6: a body's JSON values, objects and depth are counted on its raw bytes, chunk by
-chunk, exactly as the parsed document has them (strings, escapes and chunk ends included)."""
+"""Issue 33 items 6 and 1: a body's JSON values, objects, depth and large top-level members are
+found on its raw bytes, chunk by chunk, exactly as the parsed document has them (strings, escapes
+and chunk ends included)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpilot.engine.server.json_shape import MAX_JSON_DEPTH, JsonShape
+from kvpilot.engine.server.json_shape import MAX_JSON_DEPTH, JsonShape, member_key, nonblank_length
 
 pytestmark = pytest.mark.unit
 
@@ -58,3 +59,67 @@ def test_limits_are_named_in_words() -> None:
     fine = JsonShape()
     fine.feed(json.dumps({"prompt": "[[[[{{{{,,,," * 10_000, "stop": ["\\\"[", "]"]}).encode())
     assert fine.error() is None and fine.max_depth == 2 and fine.values == 4
+
+
+_styles = st.sampled_from([{}, {"separators": (",", ":")}, {"indent": 2}, {"indent": "\t", "separators": (" ,", " : ")}])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    members=st.dictionaries(_text, _json, max_size=5),
+    style=_styles,
+    ascii_only=st.booleans(),
+    cuts=st.lists(st.integers(0, 400), max_size=8),
+)
+def test_top_level_members_are_located_on_the_raw_bytes_however_the_body_is_cut(
+    members: dict[str, Any], style: dict[str, Any], ascii_only: bool, cuts: list[int]
+) -> None:
+    body = json.dumps(members, ensure_ascii=ascii_only, **style).encode()
+    shape = JsonShape(member_bytes=0)  # every member that holds a byte
+    bounds = sorted({c for c in cuts if 0 < c < len(body)} | {0, len(body)})
+    for start, end in itertools.pairwise(bounds):
+        shape.feed(body[start:end])
+    shape.finish()
+    found = []
+    for start, end in shape.large_members:
+        key = member_key(body, start, end)
+        assert key is not None, body[start:end]
+        found.append((key[0], json.loads(body[key[1] : end])))
+    assert found == list(members.items())
+
+
+def test_only_members_over_the_size_are_kept_and_an_unclosed_one_counts_to_the_end() -> None:
+    body = json.dumps({"prompt": "x" * 100, "guided_json": {"enum": ["a" * 50] * 10}, "n": 1}).encode()
+    shape = JsonShape(member_bytes=200)
+    shape.feed(body)
+    shape.finish()
+    assert [member_key(body, *span)[0] for span in shape.large_members] == ["guided_json"]  # type: ignore[index]
+    cut = body[: body.index(b', "n"')]  # the body ends inside guided_json: its member runs to the end
+    open_shape = JsonShape(member_bytes=200)
+    open_shape.feed(cut)
+    open_shape.finish()
+    assert open_shape.large_members == [(body.index(b' "guided_json"'), len(cut))]
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_json, style=_styles, ascii_only=st.booleans())
+def test_nonblank_length_never_exceeds_the_compact_form_the_later_checks_count(
+    value: Any, style: dict[str, Any], ascii_only: bool
+) -> None:
+    sent = json.dumps(value, ensure_ascii=ascii_only, **style).encode()
+    assert nonblank_length(sent) <= len(json.dumps(value, separators=(",", ":")))  # the grammar cache's key
+    assert nonblank_length(sent, ascii_only=False) <= len(json.dumps(value, ensure_ascii=False))  # tools_chars
+
+
+def test_a_cut_anywhere_leaves_every_offset_in_place() -> None:
+    body = json.dumps({"a\\\"": 'x\\"y\\\\', "b": ["\n", "\u00e9", {"c": "\\"}], "d": "]}\\\\\""}).encode()
+    whole = JsonShape(member_bytes=0)
+    whole.feed(body)
+    whole.finish()
+    assert len(whole.large_members) == 3
+    for cut in range(1, len(body)):
+        shape = JsonShape(member_bytes=0)
+        shape.feed(body[:cut])
+        shape.feed(body[cut:])
+        shape.finish()
+        assert shape.large_members == whole.large_members, cut

@@ -55,7 +55,7 @@ def create_app(runtime: ServerRuntime, *, manage_engine: bool = True) -> FastAPI
     # Added last = outermost: the key is checked first, then the body's type and size.
     app.add_middleware(
         RequestGuardMiddleware, max_body_bytes=settings.max_body_bytes, strategy=settings.strategy,
-        body_timeout_s=settings.body_timeout_seconds,
+        body_timeout_s=settings.body_timeout_seconds, on_invalid=lambda: runtime.record_rejection("invalid"),
     )  # fmt: skip
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, key=settings.api_key, strategy=settings.strategy)

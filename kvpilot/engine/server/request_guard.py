@@ -1,17 +1,20 @@
 """Pure ASGI middleware that refuses, before any parsing, what no route could serve: a POST body
 that is not JSON (415), larger than the limit (413: by its Content-Length, and always by the bytes
 actually read, whatever the headers say), that holds more JSON values, objects or nesting than
-json_shape.py allows (400, counted as the body arrives), or that does not arrive within the body
-timeout (408). The body is read here, then handed to the app."""
+json_shape.py allows (400, counted as the body arrives), whose output constraint or tools are over
+their size limit (400 naming the field: raw_field_limits.py, from the raw bytes), or that does not
+arrive within the body timeout (408). The body is read here, then handed to the app."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvpilot.engine.server.errors import APIError, error_response
 from kvpilot.engine.server.json_shape import JsonShape
+from kvpilot.engine.server.raw_field_limits import SMALLEST_LIMIT, oversized_field
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 DEFAULT_BODY_TIMEOUT_SECONDS = 30.0
@@ -30,6 +33,7 @@ class RequestGuardMiddleware:
         max_body_bytes: int,
         strategy: str,
         body_timeout_s: float = DEFAULT_BODY_TIMEOUT_SECONDS,
+        on_invalid: Callable[[], None] | None = None,
     ) -> None:
         if max_body_bytes < 1:
             raise ValueError(f"--max-body-bytes must be at least 1, got {max_body_bytes}")
@@ -39,6 +43,7 @@ class RequestGuardMiddleware:
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
         self.strategy = strategy
+        self.on_invalid = on_invalid  # counts an over-size constraint as the later check did (rejected: invalid)
         # Parsing and validating a large body, and the checks after it, run on the event loop in one
         # go (they hold the GIL). Sixteen of them at once would queue /health behind all sixteen, so
         # large bodies are handed over one at a time: the next one goes once the previous request
@@ -57,7 +62,7 @@ class RequestGuardMiddleware:
         if error is None:
             try:
                 async with asyncio.timeout(self.body_timeout_s):
-                    body, error = await self._read(receive)
+                    body, error = await self._read(receive, scope["path"])
             except TimeoutError:
                 error = APIError(
                     408,
@@ -91,9 +96,9 @@ class RequestGuardMiddleware:
             if held:
                 self._large.release()
 
-    async def _read(self, receive: Receive) -> tuple[bytes | None, APIError | None]:
+    async def _read(self, receive: Receive, path: str) -> tuple[bytes | None, APIError | None]:
         """The whole body, counted as it arrives (never trusting Content-Length), or the error that stopped it."""
-        chunks, received, shape = [], 0, JsonShape()
+        chunks, received, shape = [], 0, JsonShape(member_bytes=SMALLEST_LIMIT)
         while True:
             message = await receive()
             if message["type"] != "http.request":
@@ -110,7 +115,13 @@ class RequestGuardMiddleware:
                     return None, APIError(400, f"{what}: simplify the request or split it", code="request_too_complex")
             chunks.append(chunk)
             if not message.get("more_body", False):
-                return b"".join(chunks), None
+                body = b"".join(chunks)
+                shape.finish()
+                if shape.large_members and (error := oversized_field(path, body, shape.large_members)) is not None:
+                    if self.on_invalid is not None:
+                        self.on_invalid()
+                    return None, error
+                return body, None
 
     def _content_type_error(self, path: str, value: bytes | None) -> APIError | None:
         if value is None:
