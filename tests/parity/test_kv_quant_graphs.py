@@ -7,6 +7,7 @@ CPU: the runner's DecodeGraphs, uncaptured, replay the padded static forward eag
 replays). Runtime validation checks only the request 'in' (validation_sample_rate 0.5 samples request ids by
 crc32: 'in' 0.37, 'out' 0.73); the corrupted 8-bit K scales (runtime guards' test hook) fail it at token EVERY,
 it moves to the reserve and shares steps with 'out' (eager), and once it finishes 'out' decodes on graphs again.
+The validation step itself goes through the graphs: they copy the validated layer's output (cuda_graphs.OutputTap).
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ def check_steps(steps: list[tuple[str | None, int | None]]) -> int:
     graph steps before and after them; returns the number of graph steps."""
     replayed = [i for i, (reason, _) in enumerate(steps) if reason is None]
     on_reserve = [i for i, (reason, exact) in enumerate(steps) if exact]
+    # the validation step (token EVERY) replays too: the graphs tap the validated layer, no hook is armed
+    assert not [reason for reason, _ in steps if reason and "hook" in reason]
     assert all(steps[i][1] == 0 for i in replayed)
     assert on_reserve and all("fallback reserve" in steps[i][0] for i in on_reserve)
     assert len(on_reserve) >= LENGTHS["in"] - guards.EVERY - 2  # 'in''s decodes on the reserve ran eagerly

@@ -20,6 +20,7 @@ from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.context import StopForward, dense_context, get_context
 from kvpilot.engine.core.scheduler import SchedulerOutput
 from kvpilot.engine.core.sequence import Sequence
+from kvpilot.engine.layers.attention import Attention
 from kvpilot.engine.metrics.stats_contract import FALLBACK_REASONS
 from kvpilot.engine.validation.cosine import should_validate, validate_attention
 
@@ -109,10 +110,46 @@ class StepCapture:
         return full, mask.tolist()
 
 
+def last_row_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention output [Hq, D] of the last query row alone, in fp32: q [T, Hq, D], k/v [T, Hkv, D].
+
+    The last row attends to every key, so no mask is needed, and no [T, T] product is formed.
+    """
+    num_heads, num_kv, dim = q.shape[1], k.shape[1], q.shape[2]
+    query = q[-1].float().view(num_kv, num_heads // num_kv, dim)  # [Hkv, G, D]
+    scores = torch.einsum("kgd,tkd->kgt", query, k.float()) * scale
+    return torch.einsum("kgt,tkd->kgd", torch.softmax(scores, dim=-1), v.float()).reshape(num_heads, dim)
+
+
+class TapCapture:
+    """`StepCapture` through the decode graphs' `OutputTap` on the validated layer (8-bit caches): no hook
+    is registered, so the step replays its graph; an eager step's output is kept by the tap's own hook."""
+
+    def __init__(self, tap: Any, num_tokens: int) -> None:
+        self.tap = tap
+        self.num_tokens = num_tokens
+        tap.outputs = []
+        tap.armed = True
+
+    def remove(self) -> None:
+        self.tap.armed = False
+
+    def served(self) -> tuple[torch.Tensor, list[bool]] | str:
+        outs, self.tap.outputs = self.tap.outputs, []
+        n = self.num_tokens
+        if len(outs) == 1 and outs[0].shape[0] == n:
+            return outs[0], [True] * n
+        return f"{len(outs)} output(s) of the validated layer tapped for a {n}-token step"
+
+
 class DenseRecompute:
     """Exact reference by recomputation: a dense, cache-free forward pass over the sequence's tokens.
 
     `runner` is the engine's ModelRunner (model, device); checks take what they use, not the engine.
+    The pass stops at the validated layer. Where that layer is the plain paged `Attention` (whose dense
+    forward is causal attention over its q, k, v), only the last token's row is computed, in fp32, from
+    the layer's inputs: a full causal SDPA over every row cost ~60 ms a check on the H200 (its kernel set
+    up anew for each sequence length; docs/benchmarks.md, issue 30), and only that row is compared.
     """
 
     def __init__(self, runner: Any) -> None:
@@ -128,7 +165,15 @@ class DenseRecompute:
             store["out"] = output[-1].detach()
             raise _Captured
 
-        handle = module.register_forward_hook(stop)
+        def last_row(mod, args):  # before the layer runs: (q, k, v) as its dense forward would get them
+            q, k, v = args[:3]
+            store["out"] = last_row_attention(q, k, v, mod.scale)
+            raise _Captured
+
+        if type(module) is Attention:
+            handle = module.register_forward_pre_hook(last_row)
+        else:
+            handle = module.register_forward_hook(stop)
         ids = torch.tensor(seq.token_ids[:num_tokens], dtype=torch.long, device=runner.device)
         try:
             with dense_context(capture_layer=layer):  # tensor-parallel ranks stop at this layer too
@@ -171,7 +216,8 @@ class ValidationRunner:
         self._capture: StepCapture | None = None
 
     def before_run(self, out: SchedulerOutput) -> None:
-        """Pick this step's due decodes and hook the validated layer to capture their outputs."""
+        """Pick this step's due decodes and capture their outputs at the validated layer: through the decode
+        graphs' tap where there is one (the step may replay), else by hooks (the step runs eagerly)."""
         if self._capture is not None:  # the previous step raised before after_step
             self._capture.remove()
             self._capture = None
@@ -189,7 +235,17 @@ class ValidationRunner:
                 self._due.append((index, seq, seq.num_computed_tokens + 1, checks))
         if self._due:
             model, num_tokens = self.runner.model, sum(item.num_new_tokens for item in out.scheduled)
-            self._capture = StepCapture(model, model.attention_layers()[self.layer], num_tokens)
+            tap = self._tap()
+            if tap is not None:
+                self._capture = TapCapture(tap, num_tokens)
+            else:
+                self._capture = StepCapture(model, model.attention_layers()[self.layer], num_tokens)
+
+    def _tap(self) -> Any:
+        """The decode graphs' tap on the validated layer, if the runner has one (worker/cuda_graphs.py)."""
+        graphs = getattr(self.runner, "decode_graphs", None)
+        tap = getattr(graphs, "tap", None)
+        return tap if tap is not None and tap.layer == self.layer else None
 
     def after_step(self) -> None:
         """Compare each due sequence's served output with its checks' exact ones; fall back if low."""

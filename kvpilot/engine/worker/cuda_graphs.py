@@ -31,9 +31,10 @@ something a graph cannot repeat (decided by inspection; when in doubt, eager):
 - a step runs eagerly (`step_fallback_reason`) when it has prefill chunks (prefill or mixed),
   a sequence in the exact pool of a two-pool cache (int8/fp8's 16-bit fallback reserve: the step
   is split by pool on the host), its batch exceeds the largest bucket, its block table is wider
-  than the static one, or any module has a forward hook: runtime-validation steps and
-  gqa_head_utilization sampling steps hook a layer to read its output or queries, and a replay
-  would not call them.
+  than the static one, or any module has a forward hook: gqa_head_utilization sampling steps hook a
+  layer to read its queries, and a replay would not call them. Runtime validation of an 8-bit cache
+  does not hook: the graphs copy the validated layer's output into a static buffer (`OutputTap`), so
+  its steps replay too (each had cost an eager step, ~4x a replayed one at batch 256 on the H200).
 int8/fp8 with a fallback reserve capture: the graphs are captured for steps whose sequences are all
 in the 8-bit pool (`Context.exact_pool_seqs == 0`, counted on the host from the block tables), the
 common case; their 8-bit block ids and slots are rebased by the reserve's size on the device, inside
@@ -56,7 +57,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kvpilot.engine.context import Context, reset_context, set_context
+from kvpilot.engine.context import Context, get_context, reset_context, set_context
 from kvpilot.engine.layers.attention import Attention
 from kvpilot.engine.layers.latent_attention import LatentAttention
 
@@ -140,12 +141,64 @@ def step_fallback_reason(
 
 
 def has_forward_hooks(modules: list[nn.Module]) -> bool:
-    """Any forward (pre-)hook on these modules or registered globally: a replay would skip it."""
+    """Any forward (pre-)hook on these modules or registered globally: a replay would skip it. An
+    `OutputTap`'s hook does not count: its copy is part of the captured graphs."""
     from torch.nn.modules import module as torch_module
 
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         return True
-    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+    return any(
+        m._forward_pre_hooks or any(not getattr(h, "captured_in_graphs", False) for h in m._forward_hooks.values())
+        for m in modules
+    )
+
+
+class OutputTap:
+    """One attention layer's output of every step, graph replays included, for runtime validation.
+
+    A permanent forward hook on the layer: in a graph's forward (capture, or its uncaptured padded twin)
+    it copies the output into the static `buffer`, so the copy is captured and every replay repeats it;
+    in other (eager) steps it keeps the output while `armed`. `DecodeGraphs.run` adds the replayed rows.
+    """
+
+    def __init__(self, module: nn.Module, layer: int, rows: int, heads: int, dim: int, dtype: torch.dtype,
+                 device: torch.device) -> None:  # fmt: skip
+        self.module = module
+        self.layer = layer
+        self.buffer = torch.zeros(rows, heads, dim, dtype=dtype, device=device)
+        self.armed = False
+        self.outputs: list[torch.Tensor] = []  # this step's outputs while armed
+
+        def hook(_module: nn.Module, _args: Any, output: torch.Tensor) -> None:
+            ctx = get_context()
+            if ctx.dense:
+                return
+            if ctx.graph_static:
+                self.buffer[: output.shape[0]].copy_(output)
+            elif self.armed:
+                self.outputs.append(output.detach())
+
+        hook.captured_in_graphs = True  # type: ignore[attr-defined]
+        self._handle = module.register_forward_hook(hook)
+
+    def replayed(self, rows: int) -> None:
+        """A graph step ran: its first `rows` rows are this step's output."""
+        if self.armed:
+            self.outputs.append(self.buffer[:rows])
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+def output_tap(runner: Any, rows: int) -> OutputTap | None:
+    """The tap on the runtime-validated layer where its steps would otherwise run eagerly: an 8-bit cache
+    (the check every such engine has), at a plain paged `Attention` layer; None elsewhere (no cost)."""
+    layers = runner.model.attention_layers()
+    layer = runner.config.validation_layer % len(layers)
+    module = layers[layer]
+    if not runner.kv_layout.is_quantised or type(module) is not Attention:
+        return None
+    return OutputTap(module, layer, rows, module.num_heads, module.head_dim, runner.dtype, runner.device)
 
 
 @dataclass
@@ -205,8 +258,9 @@ class DecodeGraphs:
     """Decode forwards over `StaticInputs`, captured per bucket on CUDA, or run eagerly padded."""
 
     def __init__(self, model: nn.Module, static: StaticInputs, buckets: list[int], hidden_size: int,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, tap: OutputTap | None = None) -> None:
         self.model = model
+        self.tap = tap  # the runtime-validated layer's output, copied by every replay
         self.static = static
         self.buckets = buckets
         self.modules = list(model.modules())
@@ -256,6 +310,8 @@ class DecodeGraphs:
         else:
             graph.replay()
             self.replays_total += 1
+        if self.tap is not None:
+            self.tap.replayed(n)
         return self.outputs[:n]
 
 
@@ -335,6 +391,8 @@ def build_decode_graphs(runner: Any) -> DecodeGraphs | None:  # a ModelRunner (i
     except RuntimeError as exc:
         log.warning("cuda_graphs: capture failed, decode steps stay eager: %s", str(exc).splitlines()[0][:300])
         graphs.graphs.clear()
+        if graphs.tap is not None:
+            graphs.tap.close()
         torch.cuda.synchronize()
         return None
     log.info("cuda_graphs: captured decode buckets %s (block table width %d)", graphs.buckets, graphs.static.width)
@@ -350,4 +408,7 @@ def uncaptured_decode_graphs(runner: Any) -> DecodeGraphs:
         max_len = min(max_len, config.max_model_len)
     buckets = graph_batch_sizes(config.max_num_seqs)
     static = StaticInputs.allocate(buckets[-1], table_width(max_len, runner.block_size), runner.device)
-    return DecodeGraphs(runner.model, static, buckets, mc.hidden_size, runner.dtype)
+    old = getattr(runner, "decode_graphs", None)
+    if old is not None and old.tap is not None:  # built again (tests): one tap hook on the layer
+        old.tap.close()
+    return DecodeGraphs(runner.model, static, buckets, mc.hidden_size, runner.dtype, output_tap(runner, buckets[-1]))
