@@ -37,6 +37,23 @@ def test_rotary_matches_reference(dtype: torch.dtype, tokens: int, heads: int, k
         torch.testing.assert_close(got, want, **({"rtol": 1e-4, "atol": 1e-4} if dtype == torch.float32 else BF16_TOL))
 
 
+@pytest.mark.parametrize(("tokens", "rows"), [(2, 4), (9, 4)])
+def test_rotary_query_tap_holds_the_first_rotated_q_rows(tokens: int, rows: int) -> None:
+    gen = torch.Generator().manual_seed(tokens)
+    positions = torch.randint(0, 4096, (tokens,), generator=gen).to(DEVICE)
+    inv_freq = rope_inv_freq(64, 10000.0, None).to(DEVICE)
+    q = torch.randn(tokens, 6, 64, generator=gen).to(DEVICE)
+    k = torch.randn(tokens, 2, 64, generator=gen).to(DEVICE)
+    tap = torch.full((rows, 6, 64), 7.0, device=DEVICE)
+    got_q, got_k = rotary_triton(positions, inv_freq, q, k, query_tap=tap)
+    want_q, want_k = rotary_triton(positions, inv_freq, q, k)
+    torch.testing.assert_close(got_q, want_q, rtol=0, atol=0)
+    torch.testing.assert_close(got_k, want_k, rtol=0, atol=0)
+    kept = min(tokens, rows)
+    torch.testing.assert_close(tap[:kept], got_q[:kept], rtol=0, atol=0)
+    assert (tap[kept:] == 7.0).all()  # rows past the step's tokens are left as they were
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("tokens", "width"), [(1, 1), (15, 300), (4, 2500)])
 def test_silu_mul_matches_reference(dtype: torch.dtype, tokens: int, width: int) -> None:

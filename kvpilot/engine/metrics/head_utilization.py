@@ -96,6 +96,7 @@ class HeadUtilizationSampler:
             cache = module.k_cache
             if (
                 ctx.dense
+                or ctx.graph_static  # a CUDA graph's forward: worker/cuda_graphs.QueryTap calls this after it
                 or ctx.decode_context_lens is None
                 or cache.dim() != 4
                 or not cache.dtype.is_floating_point
@@ -112,6 +113,7 @@ class HeadUtilizationSampler:
             self.values[layer] = values.tolist()  # synchronises a CUDA device: the time below is real
             self.seconds_total += time.perf_counter() - start
 
+        hook.query_rows = MAX_SAMPLED_SEQS  # type: ignore[attr-defined]  # only these q rows: replays keep it (cuda_graphs.QueryTap)
         return hook
 
     def feed(self) -> list[dict]:

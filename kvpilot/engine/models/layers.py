@@ -57,11 +57,13 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, theta: float, scaling: dict[str, Any] | None) -> None:
         super().__init__()
         self.register_buffer("inv_freq", rope_inv_freq(head_dim, theta, scaling), persistent=False)
+        self.query_tap: torch.Tensor | None = None  # [R, H, D]: the first R rotated q rows (cuda_graphs.QueryTap)
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return rotary(positions, self.inv_freq, q, k)  # kernels/rotary/: Triton on CUDA, the reference elsewhere
+        # kernels/rotary/: Triton on CUDA, the reference elsewhere
+        return rotary(positions, self.inv_freq, q, k, self.query_tap)
 
 
 class SiluAndMulMLP(nn.Module):

@@ -31,10 +31,11 @@ something a graph cannot repeat (decided by inspection; when in doubt, eager):
 - a step runs eagerly (`step_fallback_reason`) when it has prefill chunks (prefill or mixed),
   a sequence in the exact pool of a two-pool cache (int8/fp8's 16-bit fallback reserve: the step
   is split by pool on the host), its batch exceeds the largest bucket, its block table is wider
-  than the static one, or any module has a forward hook: gqa_head_utilization sampling steps hook a
-  layer to read its queries, and a replay would not call them. Runtime validation of an 8-bit cache
-  does not hook: the graphs copy the validated layer's output into a static buffer (`OutputTap`), so
-  its steps replay too (each had cost an eager step, ~4x a replayed one at batch 256 on the H200).
+  than the static one, or any module has a forward hook a replay would not call. Two samplers need none:
+  runtime validation of an 8-bit cache reads the validated layer's output, which the graphs copy into a
+  static buffer (`OutputTap`); gqa_head_utilization reads a layer's first query rows, which the rotary
+  kernel writes into a buffer too (`QueryTap`), and its hook is called after the replay. So their steps
+  replay (each had been an eager step, ~4x a replayed one at batch 256 on the H200).
 int8/fp8 with a fallback reserve capture: the graphs are captured for steps whose sequences are all
 in the 8-bit pool (`Context.exact_pool_seqs == 0`, counted on the host from the block tables), the
 common case; their 8-bit block ids and slots are rebased by the reserve's size on the device, inside
@@ -140,17 +141,80 @@ def step_fallback_reason(
     return None
 
 
-def has_forward_hooks(modules: list[nn.Module]) -> bool:
+def has_forward_hooks(modules: list[nn.Module], query_tapped: frozenset[int] = frozenset()) -> bool:
     """Any forward (pre-)hook on these modules or registered globally: a replay would skip it. An
-    `OutputTap`'s hook does not count: its copy is part of the captured graphs."""
+    `OutputTap`'s hook does not count (its copy is part of the captured graphs), nor a hook that reads only
+    the first query rows (`query_rows`) of a layer in `query_tapped` (ids): `QueryTap` calls it after a replay."""
     from torch.nn.modules import module as torch_module
 
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         return True
-    return any(
-        m._forward_pre_hooks or any(not getattr(h, "captured_in_graphs", False) for h in m._forward_hooks.values())
-        for m in modules
-    )
+
+    def replayable(m: nn.Module, hook: Any) -> bool:
+        return getattr(hook, "captured_in_graphs", False) or (
+            getattr(hook, "query_rows", 0) > 0 and id(m) in query_tapped
+        )
+
+    return any(m._forward_pre_hooks or any(not replayable(m, h) for h in m._forward_hooks.values()) for m in modules)
+
+
+class QueryTap:
+    """The first `rows` rotated query rows of every tapped layer, written by the rotary kernel itself (no extra
+    launch, graph replays included), so a hook that reads only them (gqa_head_utilization's sampler, marked
+    `query_rows`) runs after a replay instead of making its step eager. Such a hook had cost a sampled step
+    ~4x a replayed one at batch 256 on the H200 (docs/benchmarks.md, issue 30)."""
+
+    def __init__(self, layers: list[tuple[nn.Module, nn.Module]], rows: int, heads: int, dim: int,
+                 dtype: torch.dtype, device: torch.device) -> None:  # fmt: skip
+        self.rows = rows
+        self.buffer = torch.zeros(len(layers), rows, heads, dim, dtype=dtype, device=device)
+        self.modules = [attn for attn, _ in layers]
+        self.ids = frozenset(id(m) for m in self.modules)
+        for i, (_, rotary) in enumerate(layers):
+            rotary.query_tap = self.buffer[i]
+        self._rotaries = [rotary for _, rotary in layers]
+
+    def run_hooks(self, ctx: Context, num_tokens: int) -> None:
+        """Call the tapped layers' `query_rows` hooks as the replayed forward would have, under the step's context."""
+        for i, module in enumerate(self.modules):
+            hooks = [h for h in module._forward_hooks.values() if getattr(h, "query_rows", 0) > 0]
+            if not hooks:
+                continue
+            set_context(ctx)
+            try:
+                for hook in hooks:
+                    hook(module, (self.buffer[i][: min(num_tokens, self.rows, hook.query_rows)],), None)
+            finally:
+                reset_context()
+
+    def close(self) -> None:
+        for rotary in self._rotaries:
+            rotary.query_tap = None
+
+
+def query_tap(runner: Any) -> QueryTap | None:
+    """A tap on every layer gqa_head_utilization samples (`head_utilization_every` > 0, a 16-bit cache, a rotary
+    of models/layers.RotaryEmbedding before a plain `Attention`); None elsewhere."""
+    from kvpilot.engine.metrics.head_utilization import MAX_SAMPLED_SEQS, HeadUtilizationSampler
+    from kvpilot.engine.models.layers import RotaryEmbedding
+
+    if runner.config.head_utilization_every <= 0 or runner.kv_layout.is_quantised:
+        return None
+    attention = runner.model.attention_layers()
+    blocks = getattr(getattr(runner.model, "model", None), "layers", None)
+    if blocks is None or len(blocks) != len(attention):
+        return None
+    layers = []
+    for block, attn in zip(blocks, attention, strict=True):
+        rotary = getattr(getattr(block, "self_attn", None), "rotary_emb", None)
+        if type(attn) is not Attention or type(rotary) is not RotaryEmbedding or block.self_attn.attn is not attn:
+            return None
+        if HeadUtilizationSampler._readable(attn):
+            layers.append((attn, rotary))
+    if not layers:
+        return None
+    first = layers[0][0]
+    return QueryTap(layers, MAX_SAMPLED_SEQS, first.num_heads, first.head_dim, runner.dtype, runner.device)
 
 
 class OutputTap:
@@ -261,6 +325,7 @@ class DecodeGraphs:
                  dtype: torch.dtype, tap: OutputTap | None = None) -> None:
         self.model = model
         self.tap = tap  # the runtime-validated layer's output, copied by every replay
+        self.query_tap: QueryTap | None = None  # the first query rows of each sampled layer (gqa_head_utilization)
         self.static = static
         self.buckets = buckets
         self.modules = list(model.modules())
@@ -289,11 +354,19 @@ class DecodeGraphs:
             self.graphs[bucket] = graph
         torch.cuda.synchronize()
 
+    def close_taps(self) -> None:
+        """Detach the taps from the model (these graphs are given up)."""
+        if self.tap is not None:
+            self.tap.close()
+        if self.query_tap is not None:
+            self.query_tap.close()
+
     def fallback_reason(self, ctx: Context, num_tokens: int) -> str | None:
         width = ctx.decode_block_tables.shape[1] if ctx.decode_block_tables is not None else 0
         return step_fallback_reason(
             num_prefill_tokens=ctx.num_prefill_tokens, batch=num_tokens, bucket=pick_bucket(num_tokens, self.buckets),
-            width=width, static_width=self.static.width, hooked=has_forward_hooks(self.modules),
+            width=width, static_width=self.static.width,
+            hooked=has_forward_hooks(self.modules, self.query_tap.ids if self.query_tap is not None else frozenset()),
             exact_pool_seqs=ctx.exact_pool_seqs,
         )
 
@@ -312,6 +385,8 @@ class DecodeGraphs:
             self.replays_total += 1
         if self.tap is not None:
             self.tap.replayed(n)
+        if self.query_tap is not None:
+            self.query_tap.run_hooks(ctx, n)
         return self.outputs[:n]
 
 
@@ -391,8 +466,7 @@ def build_decode_graphs(runner: Any) -> DecodeGraphs | None:  # a ModelRunner (i
     except RuntimeError as exc:
         log.warning("cuda_graphs: capture failed, decode steps stay eager: %s", str(exc).splitlines()[0][:300])
         graphs.graphs.clear()
-        if graphs.tap is not None:
-            graphs.tap.close()
+        graphs.close_taps()
         torch.cuda.synchronize()
         return None
     log.info("cuda_graphs: captured decode buckets %s (block table width %d)", graphs.buckets, graphs.static.width)
@@ -409,6 +483,8 @@ def uncaptured_decode_graphs(runner: Any) -> DecodeGraphs:
     buckets = graph_batch_sizes(config.max_num_seqs)
     static = StaticInputs.allocate(buckets[-1], table_width(max_len, runner.block_size), runner.device)
     old = getattr(runner, "decode_graphs", None)
-    if old is not None and old.tap is not None:  # built again (tests): one tap hook on the layer
-        old.tap.close()
-    return DecodeGraphs(runner.model, static, buckets, mc.hidden_size, runner.dtype, output_tap(runner, buckets[-1]))
+    if old is not None:  # built again (tests): one tap hook on the layer
+        old.close_taps()
+    graphs = DecodeGraphs(runner.model, static, buckets, mc.hidden_size, runner.dtype, output_tap(runner, buckets[-1]))
+    graphs.query_tap = query_tap(runner)
+    return graphs

@@ -1,4 +1,8 @@
-"""Triton rotate-half RoPE: one program per token rotates all heads of its q and its k (one launch)."""
+"""Triton rotate-half RoPE: one program per token rotates all heads of its q and its k (one launch).
+
+With a query tap (TAP_ROWS > 0) the first TAP_ROWS tokens' rotated q rows are also stored there: what
+a sampled metric reads of a decode step that a CUDA graph replays (worker/cuda_graphs.QueryTap).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,8 @@ from kvpilot.engine.kernels.specialization import step_kernel
 
 
 @triton.jit
-def _rotate_heads(x_ptr, out_ptr, t, H, stride_xt, stride_xh, stride_ot, stride_oh, cos, sin,
-                  HALF: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
+def _rotate_heads(x_ptr, out_ptr, t, H, stride_xt, stride_xh, stride_ot, stride_oh, cos, sin, tap_ptr,
+                  stride_tt, stride_th, HALF: tl.constexpr, BLOCK_H: tl.constexpr, TAP_ROWS: tl.constexpr):  # fmt: skip
     heads = tl.arange(0, BLOCK_H)[:, None]
     cols = tl.arange(0, HALF)[None, :]
     mask = heads < H
@@ -19,17 +23,23 @@ def _rotate_heads(x_ptr, out_ptr, t, H, stride_xt, stride_xh, stride_ot, stride_
     x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
     # each product rounded to the activation dtype before the sum, as elementwise torch ops do
-    o1 = (x1 * cos).to(dtype).to(tl.float32) + (-x2 * sin).to(dtype).to(tl.float32)
-    o2 = (x2 * cos).to(dtype).to(tl.float32) + (x1 * sin).to(dtype).to(tl.float32)
+    o1 = ((x1 * cos).to(dtype).to(tl.float32) + (-x2 * sin).to(dtype).to(tl.float32)).to(dtype)
+    o2 = ((x2 * cos).to(dtype).to(tl.float32) + (x1 * sin).to(dtype).to(tl.float32)).to(dtype)
     dst = out_ptr + t * stride_ot + heads * stride_oh + cols
-    tl.store(dst, o1.to(dtype), mask=mask)
-    tl.store(dst + HALF, o2.to(dtype), mask=mask)
+    tl.store(dst, o1, mask=mask)
+    tl.store(dst + HALF, o2, mask=mask)
+    if TAP_ROWS > 0:
+        if t < TAP_ROWS:
+            tap = tap_ptr + t * stride_tt + heads * stride_th + cols
+            tl.store(tap, o1, mask=mask)
+            tl.store(tap + HALF, o2, mask=mask)
 
 
 @step_kernel
-def _rotary_kernel(pos_ptr, inv_freq_ptr, q_ptr, q_out_ptr, k_ptr, k_out_ptr, HQ, HK,
+def _rotary_kernel(pos_ptr, inv_freq_ptr, q_ptr, q_out_ptr, k_ptr, k_out_ptr, tap_ptr, HQ, HK,
                    stride_qt, stride_qh, stride_qot, stride_qoh, stride_kt, stride_kh, stride_kot, stride_koh,
-                   HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr):  # fmt: skip
+                   stride_tt, stride_th,
+                   HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, TAP_ROWS: tl.constexpr):  # fmt: skip
     # q and k in one program: the angles, cos and sin are computed once per token, and a decode
     # step's layer launches one kernel for both (at batch 1 the launch is most of its time)
     t = tl.program_id(0)
@@ -38,5 +48,7 @@ def _rotary_kernel(pos_ptr, inv_freq_ptr, q_ptr, q_out_ptr, k_ptr, k_out_ptr, HQ
     dtype = q_out_ptr.dtype.element_ty
     cos = tl.cos(angle).to(dtype).to(tl.float32)  # rounded as the reference's cos.to(dtype)
     sin = tl.sin(angle).to(dtype).to(tl.float32)
-    _rotate_heads(q_ptr, q_out_ptr, t, HQ, stride_qt, stride_qh, stride_qot, stride_qoh, cos, sin, HALF, BLOCK_HQ)
-    _rotate_heads(k_ptr, k_out_ptr, t, HK, stride_kt, stride_kh, stride_kot, stride_koh, cos, sin, HALF, BLOCK_HK)
+    _rotate_heads(q_ptr, q_out_ptr, t, HQ, stride_qt, stride_qh, stride_qot, stride_qoh, cos, sin, tap_ptr,
+                  stride_tt, stride_th, HALF, BLOCK_HQ, TAP_ROWS)  # fmt: skip
+    _rotate_heads(k_ptr, k_out_ptr, t, HK, stride_kt, stride_kh, stride_kot, stride_koh, cos, sin, tap_ptr,
+                  stride_tt, stride_th, HALF, BLOCK_HK, 0)  # fmt: skip

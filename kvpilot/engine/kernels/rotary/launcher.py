@@ -10,9 +10,11 @@ from kvpilot.engine.kernels.rotary.kernel import _rotary_kernel
 
 
 def rotary_triton(
-    positions: torch.Tensor, inv_freq: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [T, H, D], k [T, Hkv, D] (last dim contiguous; D/2 a power of two) -> rotated copies."""
+    positions: torch.Tensor, inv_freq: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+    query_tap: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """q [T, H, D], k [T, Hkv, D] (last dim contiguous; D/2 a power of two) -> rotated copies.
+    query_tap [R, H, D]: also receives the rotated q of the first min(T, R) tokens."""
     check_triton_device(positions, inv_freq, q, k)
     assert q.dim() == 3 and k.dim() == 3 and q.shape[0] == k.shape[0] == positions.shape[0], "q/k [T, H, D], positions [T]"
     head_dim = q.shape[2]
@@ -23,11 +25,18 @@ def rotary_triton(
     assert q.dtype == k.dtype, f"q and k dtypes differ: {q.dtype} vs {k.dtype}"
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    tap = q_out if query_tap is None else query_tap
+    if query_tap is not None:
+        assert query_tap.dim() == 3 and query_tap.shape[1:] == q.shape[1:] and query_tap.dtype == q.dtype, (
+            f"query_tap must be [R, {q.shape[1]}, {head_dim}] {q.dtype}, got {tuple(query_tap.shape)} {query_tap.dtype}"
+        )
+        assert query_tap.stride(2) == 1 and query_tap.device == q.device, "query_tap: last dim contiguous, q's device"
     if q.shape[0]:
         _rotary_kernel[(q.shape[0],)](
-            positions, inv_freq, q, q_out, k, k_out, q.shape[1], k.shape[1],
+            positions, inv_freq, q, q_out, k, k_out, tap, q.shape[1], k.shape[1],
             q.stride(0), q.stride(1), q_out.stride(0), q_out.stride(1),
-            k.stride(0), k.stride(1), k_out.stride(0), k_out.stride(1),
+            k.stride(0), k.stride(1), k_out.stride(0), k_out.stride(1), tap.stride(0), tap.stride(1),
             HALF=half, BLOCK_HQ=triton.next_power_of_2(q.shape[1]), BLOCK_HK=triton.next_power_of_2(k.shape[1]),
-        )
+            TAP_ROWS=0 if query_tap is None else query_tap.shape[0],
+        )  # fmt: skip
     return q_out, k_out
