@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -37,7 +38,7 @@ def free_port() -> int:
 class ServerProcess:
     """One `kvpilot serve` subprocess: its URLs, its log, its stats feed, and a clean stop."""
 
-    def __init__(self, model_dir: Path, log_path: Path, flags: tuple[str, ...]) -> None:
+    def __init__(self, model_dir: Path, log_path: Path, flags: tuple[str, ...], nofile: int | None = None) -> None:
         self.port, self.stats_port = free_port(), free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.stats_url = f"http://127.0.0.1:{self.stats_port}/stats"
@@ -49,7 +50,8 @@ class ServerProcess:
         ]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                     preexec_fn=None if nofile is None else lambda: _limit_open_files(nofile))  # fmt: skip
 
     def log_tail(self, n: int = 60) -> str:
         with contextlib.suppress(OSError):
@@ -104,6 +106,11 @@ class ServerProcess:
         return int(self.proc.returncode)
 
 
+def _limit_open_files(soft: int) -> None:
+    """In the child before exec: at most `soft` open files (as `ulimit -n` or a container's limit)."""
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+
 def make_tiny_model(out: Path, *flags: str) -> Path:
     """A random tiny Llama checkpoint written by `kvpilot make-model` (`flags` go to it)."""
     result = subprocess.run(
@@ -136,8 +143,8 @@ def start_server(
     started: list[ServerProcess] = []
     logs = tmp_path_factory.mktemp("server-logs")
 
-    def start(*flags: str, wait: str = "ready") -> ServerProcess:
-        server = ServerProcess(tiny_model, logs / f"serve-{len(started)}.log", flags)
+    def start(*flags: str, wait: str = "ready", nofile: int | None = None) -> ServerProcess:
+        server = ServerProcess(tiny_model, logs / f"serve-{len(started)}.log", flags, nofile)
         started.append(server)
         if wait == "ready":
             server.wait_ready()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.helpers.health_watch import HealthWatch
 from tests.service.conftest import DEFAULT_FLAGS, SERVED_MODEL, STRATEGY, ServerProcess
 
 pytestmark = pytest.mark.service
@@ -31,45 +31,10 @@ def _error(response: httpx.Response, status: int) -> dict[str, Any]:
     return error
 
 
-class HealthWatch:
-    """Polls /health in a thread while a test sends something heavy; records each answer's time."""
-
-    def __init__(self, server: ServerProcess) -> None:
-        self.server = server
-        self.latencies: list[float] = []
-        self.statuses: list[int] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=60) as client:
-            while not self._stop.is_set():
-                start = time.monotonic()
-                self.statuses.append(client.get(self.server.base_url + "/health").status_code)
-                self.latencies.append(time.monotonic() - start)
-                time.sleep(0.02)
-
-    def __enter__(self) -> HealthWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        time.sleep(0.3)  # one more round after the heavy request returned
-        self._stop.set()
-        self._thread.join(90)
-
-
-@pytest.fixture
-def health_watch(server: ServerProcess) -> Callable[[], HealthWatch]:
-    return lambda: HealthWatch(server)
-
-
-def test_a_10_mb_prompt_is_413_and_health_stays_responsive(
-    server: ServerProcess, health_watch: Callable[[], HealthWatch]
-) -> None:
+def test_a_10_mb_prompt_is_413_and_health_stays_responsive(server: ServerProcess) -> None:
     body = json.dumps({"model": SERVED_MODEL, "prompt": "word " * 2_000_000}).encode()
     assert len(body) > 10_000_000
-    with health_watch() as watch:
+    with HealthWatch(server.base_url) as watch:
         response = httpx.post(
             server.base_url + "/v1/completions", content=body, headers={"content-type": "application/json"}, timeout=120
         )
@@ -94,11 +59,9 @@ def test_a_chunked_body_over_the_limit_is_413_as_it_streams_in(server: ServerPro
     assert f"exceeds {MAX_BODY_BYTES} bytes" in _error(response, 413)["message"]
 
 
-def test_a_prompt_too_long_for_any_tokenisation_is_400_before_tokenising(
-    server: ServerProcess, health_watch: Callable[[], HealthWatch]
-) -> None:
+def test_a_prompt_too_long_for_any_tokenisation_is_400_before_tokenising(server: ServerProcess) -> None:
     before = server.stats()["requests"]["rejected_total"]["too_long"]
-    with health_watch() as watch:
+    with HealthWatch(server.base_url) as watch:
         response = httpx.post(
             server.base_url + "/v1/completions",
             json={"model": SERVED_MODEL, "prompt": "hello world " * 200_000},  # 2.4 MB, under the body limit

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import socket
 import threading
@@ -240,6 +241,35 @@ def test_idle_connections_at_the_cap_make_room_for_new_ones(server: ServerProces
     assert sum(closed) >= 2 * MAX_CONNECTIONS - 2, sum(closed)  # the oldest went first, with a 503 saying why
     assert closed[0] and not closed[-1]
     assert set(watch.statuses) == {200}, watch.statuses
+
+
+def test_past_a_low_open_files_limit_health_answers_the_log_stays_small_and_the_server_recovers(
+    start_server: Callable[..., ServerProcess],
+) -> None:
+    # Item 8: with a low open-files limit the accept loop failed, /health timed out, and 53k
+    # tracebacks (24 MB) filled the log; asyncio retried each failed accept with a traceback of its own.
+    limit = 64  # soft and hard: what `ulimit -n 64` or a container's limit gives the process
+    low = start_server(*DEFAULT_FLAGS, nofile=limit)
+    socks: list[socket.socket] = []
+    try:
+        with HealthWatch(low.base_url) as watch:
+            for i in range(200):  # far past the limit: the kernel queues them, the server must shed some
+                socks.append(socket.create_connection(("127.0.0.1", low.port), timeout=30))
+                if i % 2:
+                    socks[-1].sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Len")
+            time.sleep(1.5)
+            assert len(os.listdir(f"/proc/{low.proc.pid}/fd")) <= limit
+    finally:
+        for sock in socks:
+            sock.close()
+    assert watch.statuses and set(watch.statuses) == {200}, watch.statuses
+    assert watch.worst < HEALTH_BOUND_SECONDS, watch.worst  # an accept retry waits 1 s (asyncio's delay)
+    plain = {"model": SERVED_MODEL, "prompt": "hi", "max_tokens": 2}
+    assert _post(low, "/v1/completions", plain).status_code == 200  # recovered once the connections closed
+    assert low.terminate() == 0
+    log = low.log_path.read_text(errors="replace")
+    assert "accepts failed at the open-files limit" in log, log[-2000:]
+    assert log.count("Traceback") <= 10 and len(log) < 20_000, (log.count("Traceback"), len(log), log[-3000:])
 
 
 _CHAT = '{"model": "tiny-llama", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]'

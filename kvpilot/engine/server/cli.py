@@ -282,7 +282,7 @@ class _Server:
 async def _serve(args: argparse.Namespace, config: Any, settings: Any) -> int:
     from kvpilot.engine.llm_engine import LLMEngine
     from kvpilot.engine.server import ServerRuntime, create_app, create_stats_app
-    from kvpilot.engine.server.connections import guarded_h11
+    from kvpilot.engine.server.connections import guarded_h11, handle_descriptor_exhaustion
     from kvpilot.engine.server.log_limits import limit_repeats
     from kvpilot.engine.server.warmup import warm_up
 
@@ -335,6 +335,7 @@ async def _serve(args: argparse.Namespace, config: Any, settings: Any) -> int:
         loop.call_soon_threadsafe(stop)
 
     loop = asyncio.get_running_loop()
+    handle_descriptor_exhaustion(loop, guarded)  # at the open-files limit: shed idle connections, log once
     runtime.on_failure = on_failure
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)

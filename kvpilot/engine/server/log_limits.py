@@ -13,7 +13,7 @@ SERVER_LOGGERS = ("", "uvicorn", "uvicorn.error", "uvicorn.access")
 
 
 class RepeatFilter(logging.Filter):
-    """At most BURST records of one kind (logger, message template, exception type) per window; the
+    """At most BURST records of one kind (logger, message template's first line, exception type) per window; the
     first one after a window that dropped some says how many were dropped."""
 
     def __init__(self, burst: int = BURST, window_s: float = WINDOW_SECONDS,
@@ -26,7 +26,10 @@ class RepeatFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[0].__name__ if record.exc_info and record.exc_info[0] else ""
-        kind = (record.name, str(record.msg), exc)
+        # The first line only: asyncio's "Exception in callback ..." records go on with a line per
+        # context item, one of them the handle's due time, so no two of them were of one kind (a
+        # flood of accept retries after an open-files exhaustion logged 7,000 tracebacks).
+        kind = (record.name, str(record.msg).split("\n", 1)[0][:200], exc)
         now = self._clock()
         entry = self._seen.get(kind)
         if entry is None or now - entry[0] >= self.window_s:
