@@ -1,7 +1,7 @@
 """How a large prompt affects `/health` on a running `kvpilot serve` (issue 22, finding 1).
 
 Starts `kvpilot serve` on a tiny CPU checkpoint (the PYTHONPATH decides which tree runs), sends
-each prompt size once while another thread polls `/health` every 20 ms, and prints the status,
+each prompt size once while another process polls `/health` every 20 ms (bench/health_poll.py), and prints the status,
 the request's time and the slowest `/health` answer. Not a test: figures go to docs/reliability.md.
 
     PYTHONPATH=$PWD python bench/bench_big_prompt_health.py --model /tmp/tiny-llama
@@ -15,11 +15,12 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
+
+from bench.health_poll import HealthWatch
 
 
 def _port() -> int:
@@ -29,27 +30,12 @@ def _port() -> int:
 
 
 def _probe(base: str, body: bytes) -> tuple[int, float, float, int]:
-    latencies: list[float] = []
-    stop = threading.Event()
-
-    def poll() -> None:
-        with httpx.Client(timeout=300) as client:
-            while not stop.is_set():
-                start = time.monotonic()
-                client.get(base + "/health")
-                latencies.append(time.monotonic() - start)
-                time.sleep(0.02)
-
-    thread = threading.Thread(target=poll, daemon=True)
-    thread.start()
-    start = time.monotonic()
-    response = httpx.post(base + "/v1/completions", content=body, headers={"content-type": "application/json"},
-                          timeout=600)
-    elapsed = time.monotonic() - start
-    time.sleep(0.3)
-    stop.set()
-    thread.join(600)
-    return response.status_code, elapsed, max(latencies), len(latencies)
+    with HealthWatch(base) as watch:
+        start = time.monotonic()
+        response = httpx.post(base + "/v1/completions", content=body, headers={"content-type": "application/json"},
+                              timeout=600)  # fmt: skip
+        elapsed = time.monotonic() - start
+    return response.status_code, elapsed, watch.worst, len(watch.latencies)
 
 
 def main() -> int:
