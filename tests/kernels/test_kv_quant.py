@@ -16,6 +16,7 @@ from kvpilot.engine.kernels.kv_quant.decode import paged_attention_decode_quant_
 from kvpilot.engine.kernels.kv_quant.prefill import (
     compact_block_tables,
     dequantize_blocks_triton,
+    flat_block_tables,
     paged_attention_prefill_quant,
 )
 from kvpilot.engine.kernels.kv_quant.store import store_kvcache_quant_triton
@@ -185,6 +186,13 @@ def test_dequantize_blocks_kernel_and_prefill_path(mode: str) -> None:
     got = dequantize_blocks_triton(k_cache, k_scale, ids, torch.float32)
     want = ref.dequantize_blocks_reference(k_cache, k_scale, ids, torch.float32)
     assert torch.equal(got, want)
+    # what the prefill path dequantises: one block per table entry, padding (-1) skipped, no host sync
+    flat, index = flat_block_tables(tables)
+    assert (tables < 0).any() and torch.equal(index >= 0, tables >= 0)
+    assert torch.equal(flat[index[tables >= 0].long()], tables[tables >= 0])
+    got = dequantize_blocks_triton(k_cache, k_scale, flat, torch.float32)
+    valid = flat >= 0
+    assert torch.equal(got[valid], ref.dequantize_blocks_reference(k_cache, k_scale, flat, torch.float32)[valid])
     # chunked prefill: the last 5 / 40 tokens of each sequence are the new queries.
     new = [5, 40]
     q = torch.randn(sum(new), hkv * group, dim, generator=torch.Generator().manual_seed(2))

@@ -3,8 +3,9 @@ the base paged prefill kernel on it.
 
 Prefill is compute-bound, so the extra pass (read 8-bit, write 16-bit for the blocks this batch
 touches, then read them again) costs little next to the attention itself; it keeps a single
-prefill kernel to maintain. `torch.unique` in `compact_block_tables` synchronises with the GPU once
-per prefill batch (decode never takes this path).
+prefill kernel to maintain. The buffer holds one block per block-table entry (`flat_block_tables`,
+padding entries skipped), so nothing is read back to the host: `compact_block_tables` (each distinct
+block once) needed `torch.unique` and a boolean mask, two host syncs per layer of every prefill step.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def _dequantize_blocks_kernel(
     # values, read through the cache's strides (any layout of kv_quant.layout), written contiguous.
     i = tl.program_id(0)
     block = tl.load(block_ids_ptr + i).to(tl.int64)
+    if block < 0:  # a padding entry of the block table: no block, never read
+        return
     offs_r = tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     mask_r = offs_r < ROWS
@@ -52,7 +55,8 @@ def _dequantize_blocks_kernel(
 def dequantize_blocks_triton(
     cache_q: torch.Tensor, scale: torch.Tensor, block_ids: torch.Tensor, out_dtype: torch.dtype
 ) -> torch.Tensor:
-    """Blocks block_ids int32 [n] of an int8/fp8 cache -> out_dtype [n, block_size, Hkv, D]."""
+    """Blocks block_ids int32 [n] of an int8/fp8 cache -> out_dtype [n, block_size, Hkv, D]; the rows of an
+    id of -1 (block-table padding) are left unwritten (never read)."""
     check_triton_device(cache_q, scale, block_ids)
     is_int8 = mode_of(cache_q) == "int8"
     check_cache_layout(cache_q, "cache")
@@ -76,6 +80,15 @@ def dequantize_blocks_triton(
         IS_INT8=is_int8,
     )
     return out
+
+
+def flat_block_tables(block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids int32 [B * W]: every entry of block_tables [B, W], -1 padding kept (skipped by the dequantisation),
+    tables int32 [B, W] indexing into ids, -1 kept). On the device, no host sync; a block that two sequences
+    share (a cached prefix) is dequantised once per entry."""
+    ids = block_tables.reshape(-1).to(torch.int32)
+    index = torch.arange(ids.numel(), dtype=torch.int32, device=block_tables.device).view(block_tables.shape)
+    return ids, torch.where(block_tables >= 0, index, torch.full_like(index, -1))
 
 
 def compact_block_tables(block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,7 +123,7 @@ def paged_attention_prefill_quant(
     """`paged_attention_prefill` (docs/dev/interfaces.md) over an int8/fp8 cache, in q's dtype."""
     from kvpilot.engine.kernels import paged_attention_prefill
 
-    ids, tables = compact_block_tables(block_tables)
+    ids, tables = flat_block_tables(block_tables)
     k = dequantize_blocks(k_cache, k_scale, ids, q.dtype)
     v = dequantize_blocks(v_cache, v_scale, ids, q.dtype)
     return paged_attention_prefill(q, k, v, tables, cu_seqlens_q, context_lens, scale)

@@ -136,8 +136,11 @@ def paged_attention_decode_quant_reference(
 def dequantize_blocks_reference(
     cache_q: torch.Tensor, scale: torch.Tensor, block_ids: torch.Tensor, out_dtype: torch.dtype
 ) -> torch.Tensor:
-    """Blocks block_ids [n] of an 8-bit cache, dequantised to out_dtype [n, block_size, Hkv, D]."""
-    ids = block_ids.long()
+    """Blocks block_ids [n] of an 8-bit cache, dequantised to out_dtype [n, block_size, Hkv, D]; an id of -1
+    (block-table padding) gives zeros."""
+    ids = block_ids.long().clamp_min(0)
     if mode_of(cache_q) == "int8":
-        return dequantize(cache_q[ids], scale[ids]).to(out_dtype)
-    return dequantize(cache_q[ids], scale).to(out_dtype)
+        out = dequantize(cache_q[ids], scale[ids]).to(out_dtype)
+    else:
+        out = dequantize(cache_q[ids], scale).to(out_dtype)
+    return out.masked_fill((block_ids < 0).view(-1, 1, 1, 1), 0)
