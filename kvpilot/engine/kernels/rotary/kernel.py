@@ -28,7 +28,7 @@ def _rotate_heads(x_ptr, out_ptr, t, H, stride_xt, stride_xh, stride_ot, stride_
     dst = out_ptr + t * stride_ot + heads * stride_oh + cols
     tl.store(dst, o1, mask=mask)
     tl.store(dst + HALF, o2, mask=mask)
-    if TAP_ROWS > 0:
+    if TAP_ROWS > 0:  # noqa: SIM102 (a constexpr branch, compiled out without a tap, around a runtime one)
         if t < TAP_ROWS:
             tap = tap_ptr + t * stride_tt + heads * stride_th + cols
             tl.store(tap, o1, mask=mask)
