@@ -7,6 +7,10 @@ shared machine is no assertion): the figures go to docs/reliability.md.
 
     kvpilot make-model /tmp/tiny-llama --family llama --size tiny
     PYTHONPATH=$PWD python bench/bench_reliability_attacks.py --model /tmp/tiny-llama
+    PYTHONPATH=$PWD python bench/bench_reliability_attacks.py --model /tmp/tiny-llama --only 8 --nofile 64 --log /tmp/s.log
+
+Run it from the repository root: the server starts with `python -m kvpilot.cli`, which imports the
+tree in the current directory first.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -148,12 +153,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--only", help="comma-separated attack numbers to run (default: all)")
+    parser.add_argument("--nofile", type=int, help="run the server under this open-files limit (soft and hard)")
+    parser.add_argument("--log", type=Path, help="write the server's output here (its size is printed at the end)")
     args = parser.parse_args()
     port, stats = _port(), _port()
     cmd = [sys.executable, "-m", "kvpilot.cli", "serve", "--model", str(args.model), "--served-model-name", MODEL,
            "--port", str(port), "--stats-port", str(stats), "--max-model-len", "256", "--max-num-seqs", "16",
            "--cpu-memory-budget", "16MiB", "--log-level", "warning"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    limit = None if args.nofile is None else (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (args.nofile,) * 2))
+    log = open(args.log, "wb") if args.log else subprocess.DEVNULL  # noqa: SIM115 - the process's lifetime
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=limit,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
@@ -181,6 +190,9 @@ def main() -> int:
     finally:
         proc.terminate()
         proc.wait(60)
+        if args.log:
+            text = args.log.read_text(errors="replace")
+            print(f"server log: {len(text)} bytes, {text.count('Traceback')} tracebacks")
     return 0
 
 
