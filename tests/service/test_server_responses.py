@@ -93,7 +93,8 @@ def test_structured_output_and_tool_calls(server: ServerProcess) -> None:
 def test_the_openai_client_reads_a_response(server: ServerProcess) -> None:
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused")
-    result = client.responses.create(model=SERVED_MODEL, input="Hello", max_output_tokens=5, store=False)
+    result = client.responses.create(model=SERVED_MODEL, input="Hello", max_output_tokens=5, store=False,
+                                     extra_body={"ignore_eos": True})  # a sampled EOS would end it "completed"
     assert result.status == "incomplete" and isinstance(result.output_text, str) and result.usage.output_tokens == 5
     fmt = {"format": {"type": "json_schema", "name": "r", "schema": SCHEMA}}  # ends by itself: "completed"
     with client.responses.stream(model=SERVED_MODEL, input="Hello", max_output_tokens=60, store=False,
