@@ -121,8 +121,8 @@ def test_the_canary_grows_with_the_weight_and_carries_promotion_at_stables_size(
     assert kube.find("PodDisruptionBudget", "chat-stable", "policy/v1") is not None
     run(10)
     assert kube.canary_replicas() == 4  # ceil(50% x 8), before the route moved to 50%
-    run(20)  # promotion: the canary carries 100% while stable rolls, so it grows to stable's size first
-    assert kube.canary_sizes == [1, 4, 8]
+    run(20)  # promotion: the canary keeps its 50% while stable rolls, so it needs no more pods
+    assert kube.canary_sizes == [1, 4]
     assert kube.find("Deployment", "chat-canary", "apps/v1") is None  # promoted at once by the fake
     assert kube.find("PodDisruptionBudget", "chat-canary", "policy/v1") is None
 
