@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.health_poll import HealthWatch
+from bench.health_poll import HealthWatch, wait_ready
 
 
 def _port() -> int:
@@ -51,13 +51,7 @@ def main() -> int:
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(1200):
-            try:
-                if httpx.get(base + "/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        wait_ready(base, 1200)
         print("| prompt | body bytes | status | request s | slowest /health s | /health answers |")
         print("|---|---|---|---|---|---|")
         for mb in (float(x) for x in args.sizes_mb.split(",")):

@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from bench.health_poll import HealthWatch
+from bench.health_poll import HealthWatch, wait_ready
 
 MODEL = "tiny-llama"
 
@@ -166,13 +166,7 @@ def main() -> int:
                             env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(base + "/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        wait_ready(base, 600)
         _post(base, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2, "guided_regex": "[a-z]+"})
         only = set(args.only.split(",")) if args.only else None
         print("| attack | answer | attack s | /health max ms | /health p99 ms | /health answers |")

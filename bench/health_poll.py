@@ -56,3 +56,14 @@ def _poll(url: str, interval_s: float, stop: Any, out: Any) -> None:
             latencies.append(time.monotonic() - start)
             time.sleep(interval_s)
     out.send((latencies, statuses))
+
+
+def wait_ready(base: str, tries: int) -> None:
+    """Poll `base`/ready every 0.2 s, at most `tries` times, until the server answers 200."""
+    for _ in range(tries):
+        try:
+            if httpx.get(base + "/ready", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)

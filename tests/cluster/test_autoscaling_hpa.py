@@ -38,7 +38,7 @@ from kvpilot.operator.kube import object_path
 from tests.harness.cluster import k8s_api_client, unique_namespace, wait_for
 from tests.harness.fleet import EngineSpec, Fleet
 from tests.harness.gateway import apply_gateway, kube_client
-from tests.harness.operator import Kubectl, OperatorProcess, manifest
+from tests.harness.operator import Kubectl, OperatorProcess, manifest, probe_configmap
 from tests.harness.prometheus import LabelledTarget, PrometheusServer, prometheus_missing
 from tests.harness.sharp_model import sharpen
 
@@ -144,18 +144,6 @@ class SplitTraffic:
         self.thread.join(30)
 
 
-def probe_configmap(namespace: str, stable_url: str) -> dict[str, Any]:
-    """Prompts with the stable engine's own greedy continuations as references (what it is sure of)."""
-    lines = []
-    with httpx.Client(timeout=60, trust_env=False) as client:
-        for prompt in ("The quick brown fox", "Once upon a time", "1 2 3 4 5", "In the beginning", "Hello world"):
-            out = client.post(f"{stable_url}/v1/completions", json={
-                "model": "quiet", "prompt": prompt, "max_tokens": 16, "temperature": 0}).json()
-            lines.append(json.dumps({"prompt": prompt, "continuation": out["choices"][0]["text"]}))
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "probes", "namespace": namespace},
-            "data": {"probes.jsonl": "\n".join(lines) + "\n"}}
-
-
 @pytest.fixture(scope="module")
 def env(k8s_cluster, gateway_api, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
     missing = prometheus_missing()
@@ -206,7 +194,7 @@ def env(k8s_cluster, gateway_api, tmp_path_factory: pytest.TempPathFactory) -> I
                    "custom": client.CustomObjectsApi(api_client), "kube": kube, "operator": operator, "prom": prom}
         with Load({engines[name].api_url: clients for name, clients in CLIENTS.items()}), \
                 SplitTraffic(context, engines["quiet-stable"].api_url, engines["quiet-canary"].api_url) as traffic:
-            kube.apply(probe_configmap(ns, engines["quiet-stable"].api_url))
+            kube.apply(probe_configmap(ns, engines["quiet-stable"].api_url, model="quiet"))
             operator.start()
             # Started now, checked by their tests: their HPAs and first rollout run meanwhile.
             kubectl.apply(manifest("roll", ns, replicas=1, autoscaling=ROLL_SCALING))

@@ -29,7 +29,7 @@ import pytest
 from tests.harness.cluster import k8s_api_client, unique_namespace, wait_for
 from tests.harness.fleet import EngineSpec, Fleet
 from tests.harness.gateway import apply_gateway, kube_client
-from tests.harness.operator import OperatorProcess
+from tests.harness.operator import OperatorProcess, probe_configmap
 from tests.harness.prometheus import LabelledTarget, PrometheusServer, free_port, prometheus_missing
 from tests.harness.sharp_model import sharpen
 
@@ -104,18 +104,6 @@ class Load:
         self.stop_event.set()
         for t in self.threads:
             t.join(10)
-
-
-def probe_configmap(namespace: str, stable_url: str) -> dict[str, Any]:
-    """Prompts with the stable engine's own greedy continuations as references (what it is sure of)."""
-    lines = []
-    with httpx.Client(timeout=60, trust_env=False) as client:
-        for prompt in ("The quick brown fox", "Once upon a time", "1 2 3 4 5", "In the beginning", "Hello world"):
-            out = client.post(f"{stable_url}/v1/completions", json={
-                "model": "tiny-llama", "prompt": prompt, "max_tokens": 16, "temperature": 0}).json()
-            lines.append(json.dumps({"prompt": prompt, "continuation": out["choices"][0]["text"]}))
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "probes", "namespace": namespace},
-            "data": {"probes.jsonl": "\n".join(lines) + "\n"}}
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -153,3 +154,16 @@ def operator_env(
             print("---- operator log (tail) ----\n" + operator.text()[-4000:])
     finally:
         core.delete_namespace(namespace)
+
+
+def probe_configmap(namespace: str, stable_url: str, model: str = "tiny-llama") -> dict[str, Any]:
+    """Prompts with the stable engine's own greedy continuations as references (what it is sure of)."""
+    lines = []
+    with httpx.Client(timeout=60, trust_env=False) as client:
+        for prompt in ("The quick brown fox", "Once upon a time", "1 2 3 4 5", "In the beginning", "Hello world"):
+            out = client.post(f"{stable_url}/v1/completions", json={
+                "model": model, "prompt": prompt, "max_tokens": 16, "temperature": 0}).json()
+            lines.append(json.dumps({"prompt": prompt, "continuation": out["choices"][0]["text"]}))
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "probes", "namespace": namespace},
+            "data": {"probes.jsonl": "\n".join(lines) + "\n"}}
+
