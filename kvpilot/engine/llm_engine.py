@@ -97,6 +97,7 @@ class LLMEngine:
         self.async_scheduling = self._use_async_scheduling()
         self._inflight: PendingStep | None = None  # the launched step whose tokens are not read yet
         self._final_by_length: set[str] = set()  # finished by length in _advance, awaiting their last token
+        self._configured_max_seqs: int | None = None  # set while shed_load() caps the batch
         self.ready = True
 
     def shutdown(self) -> None:
@@ -108,6 +109,31 @@ class LLMEngine:
         """Recompute a running sequence from token 0 (runtime validation's fallback); its state goes too."""
         if self.scheduler.requeue(seq):
             self.runner.release_state(seq.request_id)
+
+    def shed_load(self) -> str | None:
+        """Give up memory after an out-of-memory step: preempt the newest running sequence (recomputed
+        later, its recurrent state too) and cap the batch at the sequences left. Returns the preempted
+        request id, None when fewer than two run. restore_batch_limit() lifts the cap."""
+        victim = self.scheduler.shed_newest()
+        if victim is None:
+            return None
+        self.runner.release_state(victim.request_id)
+        if self._configured_max_seqs is None:
+            self._configured_max_seqs = self.scheduler.max_num_seqs
+        self.scheduler.max_num_seqs = max(1, len(self.scheduler.running))
+        return str(victim.request_id)
+
+    @property
+    def batch_limit(self) -> int:
+        """The scheduler's current max_num_seqs (lowered by shed_load)."""
+        return self.scheduler.max_num_seqs
+
+    def restore_batch_limit(self) -> bool:
+        """Put back the configured max_num_seqs after shed_load; False when it was not lowered."""
+        if self._configured_max_seqs is None:
+            return False
+        self.scheduler.max_num_seqs, self._configured_max_seqs = self._configured_max_seqs, None
+        return True
 
     def _max_model_len(self) -> int:
         mc = self.model_config

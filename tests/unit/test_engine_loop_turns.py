@@ -6,11 +6,16 @@ from __future__ import annotations
 import concurrent.futures
 import itertools
 import threading
-from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from kvpilot.engine.core.block_manager import BlockManager
+from kvpilot.engine.core.scheduler import Scheduler
+from kvpilot.engine.core.sequence import Sequence
+from kvpilot.engine.llm_engine import LLMEngine
+from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.server.engine_loop import EngineLoop
 from kvpilot.engine.server.oom import MAX_OOM_RETRIES
 
@@ -53,27 +58,23 @@ def test_queued_scores_run_one_per_step_so_streams_keep_going() -> None:
     assert engine.events.index("stats") < heavy[-1]  # light calls do not queue behind scores
 
 
-@dataclass
-class Seq:
-    request_id: str
-    arrival_time: float
-
-
-@dataclass
-class Scheduler:
-    running: list[Seq]
-    max_num_seqs: int = 8
-    waiting: list[Seq] = field(default_factory=list)
-
-    def _preempt(self, seq: Seq) -> None:
-        self.waiting.insert(0, seq)
-
-
 class OomEngine:
-    """Runs out of memory while more than `fits` sequences run."""
+    """Runs out of memory while more than `fits` sequences run: the core scheduler and block manager
+    are real, and the shedding methods are LLMEngine's own."""
+
+    shed_load = LLMEngine.shed_load
+    batch_limit = LLMEngine.batch_limit
+    restore_batch_limit = LLMEngine.restore_batch_limit
 
     def __init__(self, running: int, fits: int) -> None:
-        self.scheduler = Scheduler([Seq(f"r{i}", float(i)) for i in range(running)])
+        self.scheduler = Scheduler(BlockManager(num_blocks=64, block_size=4), max_num_seqs=8)
+        for i in range(running):
+            seq = Sequence(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=4))
+            seq.arrival_time = float(i)
+            self.scheduler.add(seq)
+        self.scheduler.schedule()  # all admitted: running, blocks held
+        self.runner = SimpleNamespace(release_state=lambda request_id: None)
+        self._configured_max_seqs: int | None = None
         self.fits = fits
         self.steps_ok = 0
 

@@ -174,6 +174,16 @@ class Scheduler:
         self._to_front_of_queue(seq)
         return True
 
+    def shed_newest(self) -> Sequence | None:
+        """Preempt the most recently admitted running sequence while another keeps running (its
+        blocks freed, recomputed later; counted as a preemption); None when fewer than 2 run."""
+        if len(self.running) < 2:
+            return None
+        victim = max(self.running, key=lambda seq: seq.arrival_time)
+        self.running.remove(victim)
+        self._preempt(victim)
+        return victim
+
     def _to_front_of_queue(self, seq: Sequence) -> None:
         self.block_manager.deallocate(seq)
         seq.status = SequenceStatus.WAITING

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from typing import Protocol
 
 log = logging.getLogger("kvpilot.server")
 
@@ -23,15 +23,26 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return (oom_type is not None and isinstance(exc, oom_type)) or isinstance(exc, MemoryError)
 
 
+class LoadShedding(Protocol):
+    """What recovery needs of the engine (LLMEngine's public shedding methods)."""
+
+    @property
+    def batch_limit(self) -> int: ...
+
+    def shed_load(self) -> str | None: ...
+
+    def restore_batch_limit(self) -> bool: ...
+
+
 class OomRecovery:
     """Preempt-and-retry for one engine; call on_oom() when a step ran out of memory and
     on_good_step() after each step that succeeded."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: LoadShedding) -> None:
         self.engine = engine
         self.in_a_row = 0
         self.recoveries = 0
-        self._configured_max_seqs: int | None = None
+        self._lowered = False  # shed_load() capped the engine's batch; restored after good steps
         self._good_steps = 0
 
     def on_oom(self, exc: BaseException) -> bool:
@@ -46,41 +57,25 @@ class OomRecovery:
         victim = self._preempt_newest()
         self.recoveries += 1
         log.warning("engine.step() ran out of memory (%s); %s, batch limit now %s; retrying", exc,
-                    f"preempted {victim}" if victim else "nothing to preempt", self._scheduler_max_seqs())
+                    f"preempted {victim}" if victim else "nothing to preempt", self.engine.batch_limit)
         return True
 
     def on_good_step(self) -> None:
         self.in_a_row = 0
-        if self._configured_max_seqs is None:
+        if not self._lowered:
             return
         self._good_steps += 1
-        if self._good_steps >= RESTORE_AFTER_STEPS:
-            self.engine.scheduler.max_num_seqs = self._configured_max_seqs
+        if self._good_steps >= RESTORE_AFTER_STEPS and self.engine.restore_batch_limit():
             log.info("batch limit back to %d after %d steps without running out of memory",
-                     self._configured_max_seqs, self._good_steps)
-            self._configured_max_seqs = None
-
-    def _scheduler_max_seqs(self) -> Any:
-        return getattr(getattr(self.engine, "scheduler", None), "max_num_seqs", None)
+                     self.engine.batch_limit, self._good_steps)
+            self._lowered = False
 
     def _preempt_newest(self) -> str | None:
-        """Preempt the most recently admitted running sequence (its blocks freed, recomputed later)
-        while another keeps running, and cap the batch at what is left."""
-        scheduler = getattr(self.engine, "scheduler", None)
-        running = list(getattr(scheduler, "running", ()))
-        if scheduler is None or len(running) < 2:
-            return None
-        victim = max(running, key=lambda seq: seq.arrival_time)
-        scheduler.running.remove(victim)
-        scheduler._preempt(victim)  # frees its blocks, puts it first in the waiting queue
-        runner = getattr(self.engine, "runner", None)
-        if runner is not None and hasattr(runner, "release_state"):
-            runner.release_state(victim.request_id)  # a recurrent summary is recomputed with it
-        if self._configured_max_seqs is None:
-            self._configured_max_seqs = scheduler.max_num_seqs
-        scheduler.max_num_seqs = max(1, len(scheduler.running))
-        self._good_steps = 0
-        return str(victim.request_id)
+        victim = self.engine.shed_load()
+        if victim is not None:
+            self._lowered = True
+            self._good_steps = 0
+        return victim
 
 
 def release_cached_memory() -> None:
