@@ -51,6 +51,17 @@ speed)
   cp /tmp/serve-thread/report.json "$out/serve_burst_report.json" 2>/dev/null
   step offline_sync 100 python3 -m kvpilot.cli bench offline --shape llama-3-8b --async-scheduling off --no-progress
   ;;
+measure)  # one call: the GPU tests of the replayed sample/validation steps, then offline bf16 and int8, decode steps
+  export STEP_FILES=1 TRITON_CACHE_DIR=/tmp/triton-cache
+  step bounds 40 python3 bench/speed_bounds.py
+  step gpu_tests 170 python3 -m pytest -p no:cacheprovider -m gpu -q -o addopts="" -rf \
+    tests/gpu/test_cuda_graphs_gpu.py tests/gpu/test_kv_quant_graphs_gpu.py tests/gpu/test_eviction_gpu.py \
+    tests/gpu/test_strategy_kernels_gpu.py
+  step offline 110 python3 -m kvpilot.cli bench offline --shape llama-3-8b --no-progress
+  step offline_int8 100 python3 -m kvpilot.cli bench offline --shape llama-3-8b --kv-cache-dtype int8 --no-progress
+  step decode_b1 50 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 --top 8
+  step decode_b256 60 python3 bench/profile_decode_kernels.py --batch 256 --context 700 --top 8
+  ;;
 int8)  # where int8 KV's offline time goes, against bf16 in the same call (bench/offline_breakdown.py)
   export STEP_FILES=1 TRITON_CACHE_DIR=/tmp/triton-cache
   step breakdown_int8 120 python3 bench/offline_breakdown.py --shape llama-3-8b --kv-cache-dtype int8
