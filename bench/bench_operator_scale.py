@@ -44,8 +44,9 @@ def run_operator_with_counters(namespace: str, stats_path: str) -> int:
 
     import aiohttp
 
-    from kvpilot.operator import kube, reconciler
+    from kvpilot.operator import kube
     from kvpilot.operator.handlers import reconcile as reconcile_handler
+    from kvpilot.operator.reconcile import reconciler
 
     kopf_requests: Counter[str] = Counter()
     reconciles = Counter()

@@ -111,7 +111,7 @@ def _condition(env, name: str) -> dict:  # type: ignore[no-untyped-def]
 
 def _template_pod(body: dict, name: str) -> dict:
     from kvpilot.operator.builders import build_deployment
-    from kvpilot.operator.preflight import preflight
+    from kvpilot.operator.reconcile.preflight import preflight
     from kvpilot.operator.spec import ServiceSpec
 
     body["spec"]["model"]["config"] = LLAMA3_8B  # the builder's input; the preflight's read is tested above

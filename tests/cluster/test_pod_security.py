@@ -16,7 +16,7 @@ import secrets
 import pytest
 
 from kvpilot.operator.builders import build_deployment
-from kvpilot.operator.preflight import preflight
+from kvpilot.operator.reconcile.preflight import preflight
 from kvpilot.operator.spec import ServiceSpec
 from tests.harness.cluster import wait_for
 from tests.harness.operator import manifest, operator_env

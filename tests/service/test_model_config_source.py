@@ -1,4 +1,4 @@
-"""The preflight's config.json read from the source itself (kvpilot/operator/model_config.py): versitygw
+"""The preflight's config.json read from the source itself (kvpilot/operator/reconcile/model_config.py): versitygw
 (s3://, login from the Secret through the API) and a crane registry (oci://), no pasted config."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from kvpilot.operator import model_config
 from kvpilot.operator.kube import KubeError
-from kvpilot.operator.model_config import ModelConfigUnavailable, load_model_config
+from kvpilot.operator.reconcile import model_config
+from kvpilot.operator.reconcile.model_config import ModelConfigUnavailable, load_model_config
 from kvpilot.operator.spec import ModelRef
 from tests.harness.registry import CraneRegistry
 from tests.harness.s3_server import S3Server

@@ -7,8 +7,9 @@ import json
 from typing import Any
 
 from kvpilot.operator import constants as c
+from kvpilot.operator.context import Context
 from kvpilot.operator.kube import KubeError, object_path
-from kvpilot.operator.reconciler import Context, reconcile
+from kvpilot.operator.reconcile.reconciler import reconcile
 from tests.helpers.model_configs import DEEPSEEK_V3, LLAMA3_8B  # noqa: F401 - re-exported to the operator tests
 
 SHA = "ab" * 32

@@ -10,7 +10,7 @@ import pytest
 from kvpilot.operator.autoscaling.denser import candidates, propose, under_kv_pressure
 from kvpilot.operator.autoscaling.watch import observe
 from kvpilot.operator.kube import object_path
-from kvpilot.operator.preflight import preflight
+from kvpilot.operator.reconcile.preflight import preflight
 from kvpilot.operator.spec import ServiceSpec
 from tests.unit.operator_fakes import LLAMA3_8B, FakeKube, service
 

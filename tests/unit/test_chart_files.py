@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 import kvpilot
-from kvpilot.operator.preflight import preflight
+from kvpilot.operator.reconcile.preflight import preflight
 from kvpilot.operator.spec import ServiceSpec
 
 pytestmark = pytest.mark.unit

@@ -13,10 +13,10 @@ from operator_fakes import SHA, service
 from kvpilot.operator.builders import build_deployment
 from kvpilot.operator.builders.model_init import CACHE_MOUNT, CREDENTIALS_MOUNT
 from kvpilot.operator.builders.security import container_security_context
-from kvpilot.operator.pod_blockers import find_blockers
-from kvpilot.operator.preflight import preflight
+from kvpilot.operator.reconcile.preflight import preflight
+from kvpilot.operator.reconcile.tracks import canary_spec
 from kvpilot.operator.spec import ServiceSpec
-from kvpilot.operator.tracks import canary_spec
+from kvpilot.operator.status.pod_blockers import find_blockers
 from kvpilot.storage.uri import CRD_URI_PATTERN, BadModelUri, parse
 
 pytestmark = pytest.mark.unit
@@ -142,7 +142,7 @@ def test_a_canary_on_another_kind_of_source_does_not_inherit_the_stable_login() 
 
 
 def test_a_fetched_model_extends_the_progress_deadline_by_its_download() -> None:
-    from kvpilot.operator.startup_budget import weights_read_s
+    from kvpilot.operator.builders.startup_budget import weights_read_s
 
     mounted, fetched = service(), _remote()
     deadline = {}

@@ -17,7 +17,7 @@ from kvpilot.operator.builders import (
     read_lineage,
 )
 from kvpilot.operator.builders.engine_args import UnsupportedModelUri, engine_args, model_path
-from kvpilot.operator.preflight import preflight
+from kvpilot.operator.reconcile.preflight import preflight
 from kvpilot.operator.spec import ServiceSpec
 
 pytestmark = pytest.mark.unit

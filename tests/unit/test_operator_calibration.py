@@ -9,11 +9,11 @@ from kvpilot.operator.builders import build_deployment
 from kvpilot.operator.builders.calibration import CALIBRATION_DIR
 from kvpilot.operator.builders.engine_args import engine_args
 from kvpilot.operator.builders.security import container_security_context, pod_security_context
-from kvpilot.operator.conditions import get_condition
-from kvpilot.operator.preflight import preflight
-from kvpilot.operator.reconciler import InvalidSpec, RetryLater
+from kvpilot.operator.reconcile.preflight import preflight
+from kvpilot.operator.reconcile.reconciler import InvalidSpec, RetryLater
+from kvpilot.operator.reconcile.tracks import canary_spec
 from kvpilot.operator.spec import CalibrationRef, ServiceSpec, track_digest
-from kvpilot.operator.tracks import canary_spec
+from kvpilot.operator.status.conditions import get_condition
 from kvpilot.planner import PlannerError
 
 pytestmark = pytest.mark.unit

@@ -13,7 +13,7 @@ import pytest
 
 from kvpilot.operator import constants as c
 from kvpilot.operator.handlers import deployments
-from kvpilot.operator.status_writer import StatusConflict
+from kvpilot.operator.status.writer import StatusConflict
 
 pytestmark = pytest.mark.unit
 

@@ -9,10 +9,10 @@ from kvpilot.operator import constants as c
 from kvpilot.operator import options
 from kvpilot.operator.builders import build_deployment
 from kvpilot.operator.builders.pdb import build_pdb
-from kvpilot.operator.preflight import StrategyRefused, preflight
+from kvpilot.operator.reconcile.preflight import StrategyRefused, preflight
+from kvpilot.operator.reconcile.tracks import canary_spec
 from kvpilot.operator.replicas import canary_replicas, canary_size, peak_canary_size
 from kvpilot.operator.spec import ServiceSpec, canary_hash
-from kvpilot.operator.tracks import canary_spec
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ from operator_fakes import service
 
 from kvpilot.operator.builders import build_deployment
 from kvpilot.operator.builders.security import API_KEY_FILE, CACHE_DIR
-from kvpilot.operator.preflight import preflight
+from kvpilot.operator.reconcile.preflight import preflight
 from kvpilot.operator.spec import SecretKeyRef, ServiceSpec
 
 pytestmark = pytest.mark.unit

@@ -8,9 +8,9 @@ import pytest
 from operator_fakes import DEEPSEEK_V3, FakeKube, Run, service
 
 from kvpilot.operator import constants as c
-from kvpilot.operator.conditions import get_condition
-from kvpilot.operator.reconciler import InvalidSpec, RetryLater, reconcile
-from kvpilot.operator.watcher import follow_deployment
+from kvpilot.operator.reconcile.reconciler import InvalidSpec, RetryLater, reconcile
+from kvpilot.operator.status.conditions import get_condition
+from kvpilot.operator.status.follow_deployment import follow_deployment
 
 pytestmark = pytest.mark.unit
 

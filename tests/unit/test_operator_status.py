@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvpilot.operator.conditions import Condition, get_condition, set_conditions
-from kvpilot.operator.rollout_state import rollout_state
+from kvpilot.operator.status.conditions import Condition, get_condition, set_conditions
+from kvpilot.operator.status.deployment_state import deployment_state
 
 pytestmark = pytest.mark.unit
 
@@ -31,18 +31,18 @@ def test_conditions_keep_a_stable_order() -> None:
 
 
 def test_rollout_phases() -> None:
-    assert rollout_state(None).phase == "Pending"
-    assert rollout_state(deployment(observedGeneration=1, replicas=2, updatedReplicas=2, readyReplicas=2,
+    assert deployment_state(None).phase == "Pending"
+    assert deployment_state(deployment(observedGeneration=1, replicas=2, updatedReplicas=2, readyReplicas=2,
                                     availableReplicas=2)).phase == "Ready"
     # controller has not seen generation 2 yet
-    assert rollout_state(deployment(2, observedGeneration=1, replicas=2, updatedReplicas=2, readyReplicas=2,
+    assert deployment_state(deployment(2, observedGeneration=1, replicas=2, updatedReplicas=2, readyReplicas=2,
                                     availableReplicas=2)).phase == "Progressing"
     # surge pod still around
-    mid = rollout_state(deployment(observedGeneration=1, replicas=3, updatedReplicas=1, readyReplicas=2,
+    mid = deployment_state(deployment(observedGeneration=1, replicas=3, updatedReplicas=1, readyReplicas=2,
                                    availableReplicas=2))
     assert mid.phase == "Progressing"
     assert {c.type: c.status for c in mid.conditions} == {"Ready": "True", "Progressing": "True", "Degraded": "False"}
-    stalled = rollout_state(deployment(observedGeneration=1, replicas=2, updatedReplicas=1, readyReplicas=1,
+    stalled = deployment_state(deployment(observedGeneration=1, replicas=2, updatedReplicas=1, readyReplicas=1,
                                        conditions=[{"type": "Progressing", "status": "False",
                                                     "reason": "ProgressDeadlineExceeded", "message": "too slow"}]))
     assert stalled.phase == "Degraded"

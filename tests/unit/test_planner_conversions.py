@@ -10,7 +10,7 @@ import pytest
 
 from kvpilot.engine.config.engine import EngineConfig
 from kvpilot.engine.server.capacity import plan_for
-from kvpilot.operator.preflight import preflight
+from kvpilot.operator.reconcile.preflight import preflight
 from kvpilot.operator.spec import ServiceSpec
 from kvpilot.planner import GpuSpec, KVStrategy, ModelShape, PlannerError, plan_capacity
 from kvpilot.planner.pools import extra_weight_bytes

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from kvpilot.operator.pod_blockers import PODS_BLOCKED, blockers_condition, find_blockers, new_blockers
-from kvpilot.operator.status import with_blockers
+from kvpilot.operator.status.document import with_blockers
+from kvpilot.operator.status.pod_blockers import PODS_BLOCKED, blockers_condition, find_blockers, new_blockers
 
 pytestmark = pytest.mark.unit
 

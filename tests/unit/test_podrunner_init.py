@@ -15,7 +15,7 @@ from kvpilot.cluster.podrunner.runner import Container, PodRun, PodRunner
 from kvpilot.cluster.podrunner.volumes import init_mounted, materialize
 from kvpilot.operator.builders import build_deployment
 from kvpilot.operator.builders.security import CACHE_DIR
-from kvpilot.operator.preflight import preflight
+from kvpilot.operator.reconcile.preflight import preflight
 from kvpilot.operator.spec import ServiceSpec
 
 pytestmark = pytest.mark.unit

@@ -22,7 +22,7 @@ from kvpilot.cluster.podrunner.volumes import (
 )
 from kvpilot.operator.builders import build_deployment
 from kvpilot.operator.builders.security import CACHE_DIR
-from kvpilot.operator.preflight import preflight
+from kvpilot.operator.reconcile.preflight import preflight
 from kvpilot.operator.spec import ServiceSpec
 
 pytestmark = pytest.mark.unit

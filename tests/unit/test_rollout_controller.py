@@ -16,9 +16,10 @@ from prometheus_client import REGISTRY
 
 from kvpilot.operator import constants as c
 from kvpilot.operator.canary.controller import tick
+from kvpilot.operator.context import Context
 from kvpilot.operator.kube import KubeError, object_path
 from kvpilot.operator.options import Options
-from kvpilot.operator.reconciler import Context, reconcile
+from kvpilot.operator.reconcile.reconciler import reconcile
 from kvpilot.operator.rollout import RunAnalysis
 from kvpilot.operator.spec import GatewayRef
 from tests.unit.operator_fakes import FakeKube, service

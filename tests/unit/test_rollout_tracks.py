@@ -13,9 +13,9 @@ from kvpilot.operator.builders import (
     read_lineage,
 )
 from kvpilot.operator.builders.engine_args import engine_args
-from kvpilot.operator.preflight import preflight
+from kvpilot.operator.reconcile.preflight import preflight
+from kvpilot.operator.reconcile.tracks import canary_spec, make_override, stable_spec
 from kvpilot.operator.spec import CanarySpec, ServiceSpec, canary_hash, parse_duration
-from kvpilot.operator.tracks import canary_spec, make_override, stable_spec
 from tests.unit.operator_fakes import LLAMA3_8B, SHA, service
 
 pytestmark = pytest.mark.unit

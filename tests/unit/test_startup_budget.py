@@ -8,10 +8,10 @@ import pytest
 from operator_fakes import service
 
 from kvpilot.operator.builders import build_deployment
-from kvpilot.operator.preflight import preflight
-from kvpilot.operator.rollout_state import DEGRADED_PHASE, PROGRESSING_PHASE, rollout_state
+from kvpilot.operator.builders.startup_budget import WEIGHT_READ_BYTES_PER_S, progress_deadline_seconds
+from kvpilot.operator.reconcile.preflight import preflight
 from kvpilot.operator.spec import ServiceSpec
-from kvpilot.operator.startup_budget import WEIGHT_READ_BYTES_PER_S, progress_deadline_seconds
+from kvpilot.operator.status.deployment_state import DEGRADED_PHASE, PROGRESSING_PHASE, deployment_state
 
 pytestmark = pytest.mark.unit
 
@@ -57,7 +57,7 @@ def test_a_loading_pod_is_progressing_and_only_the_deadline_makes_it_degraded() 
     deployment["metadata"]["generation"] = 1
     deployment["status"] = {"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 0,
                             "conditions": [{"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"}]}
-    assert rollout_state(deployment).phase == PROGRESSING_PHASE
+    assert deployment_state(deployment).phase == PROGRESSING_PHASE
     deployment["status"]["conditions"][0].update(status="False", reason="ProgressDeadlineExceeded",
                                                  message='ReplicaSet "chat-stable-x" has timed out progressing.')
-    assert rollout_state(deployment).phase == DEGRADED_PHASE
+    assert deployment_state(deployment).phase == DEGRADED_PHASE

@@ -15,10 +15,10 @@ from kvpilot.operator import constants as c
 from kvpilot.operator.autoscaling.denser import propose, under_kv_pressure
 from kvpilot.operator.autoscaling.hpa import API_VERSION, KIND, hpa_name
 from kvpilot.operator.kube import Kube, object_path
-from kvpilot.operator.model_config import ModelConfigUnavailable, load_model_config
-from kvpilot.operator.preflight import preflight
-from kvpilot.operator.status_writer import write_status
-from kvpilot.operator.tracks import stable_spec
+from kvpilot.operator.reconcile.model_config import ModelConfigUnavailable, load_model_config
+from kvpilot.operator.reconcile.preflight import preflight
+from kvpilot.operator.reconcile.tracks import stable_spec
+from kvpilot.operator.status.writer import write_status
 from kvpilot.planner import PlannerError
 
 Emit = Callable[[str, str, str], None]

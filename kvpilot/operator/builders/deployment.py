@@ -12,8 +12,8 @@ from kvpilot.operator.builders.calibration import calibration_mount, calibration
 from kvpilot.operator.builders.common import deployment_name, labels, metadata
 from kvpilot.operator.builders.engine_args import engine_args, pvc_claim
 from kvpilot.operator.builders.pod_template import apply_pod_overrides, gpu_node_selector, gpu_tolerations
+from kvpilot.operator.builders.startup_budget import progress_deadline_seconds
 from kvpilot.operator.spec import ServiceSpec
-from kvpilot.operator.startup_budget import progress_deadline_seconds
 from kvpilot.planner import CapacityPlan
 
 STARTUP_PROBE_SECONDS = 1800  # weights load + warm-up + Triton autotuning before /health answers

@@ -16,8 +16,8 @@ from typing import Any
 
 import kvpilot.operator.builders.security as security
 from kvpilot.operator import constants as c
+from kvpilot.operator.builders.startup_budget import weights_read_s
 from kvpilot.operator.spec import ServiceSpec
-from kvpilot.operator.startup_budget import weights_read_s
 from kvpilot.planner import CapacityPlan
 from kvpilot.storage.uri import is_remote
 

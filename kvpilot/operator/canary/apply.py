@@ -18,9 +18,11 @@ from kvpilot.operator.builders.common import deployment_name, lineage_name
 from kvpilot.operator.builders.pdb import build_pdb, pdb_name
 from kvpilot.operator.canary.gpu_check import check_canary_gpus
 from kvpilot.operator.canary.observe import Observation
+from kvpilot.operator.context import Context
 from kvpilot.operator.kube import object_path
-from kvpilot.operator.lineage_writer import apply_lineage
-from kvpilot.operator.reconciler import Context, reconcile
+from kvpilot.operator.reconcile.lineage_writer import apply_lineage
+from kvpilot.operator.reconcile.reconciler import reconcile
+from kvpilot.operator.reconcile.tracks import canary_dicts, make_override
 from kvpilot.operator.replicas import FULL, canary_replicas
 from kvpilot.operator.rollout import (
     Action,
@@ -31,8 +33,7 @@ from kvpilot.operator.rollout import (
     ScaleCanary,
     SetWeight,
 )
-from kvpilot.operator.status_writer import write_status
-from kvpilot.operator.tracks import canary_dicts, make_override
+from kvpilot.operator.status.writer import write_status
 
 log = logging.getLogger(__name__)
 

@@ -18,16 +18,16 @@ from kvpilot.operator.canary.analysis_runner import run_analysis
 from kvpilot.operator.canary.apply import apply_action
 from kvpilot.operator.canary.locks import object_lock
 from kvpilot.operator.canary.observe import Observation, observe
-from kvpilot.operator.conditions import Condition
+from kvpilot.operator.context import Context
 from kvpilot.operator.kube import object_path
 from kvpilot.operator.options import Options
-from kvpilot.operator.reconciler import Context
 from kvpilot.operator.rollout import CanaryStatus, Decision, RunAnalysis, decide
 from kvpilot.operator.rollout import phases as p
 from kvpilot.operator.rollout.state import Verdict
 from kvpilot.operator.routing.httproute import build_httproute, route_name, route_path
-from kvpilot.operator.status import with_conditions
-from kvpilot.operator.status_writer import write_status
+from kvpilot.operator.status.conditions import Condition
+from kvpilot.operator.status.document import with_conditions
+from kvpilot.operator.status.writer import write_status
 
 CANARY, TRAFFIC_SPLIT = "Canary", "TrafficSplit"
 MAX_ROUNDS = 8  # decisions per tick before handing back (each one a real transition)

@@ -15,13 +15,13 @@ from typing import Any
 
 from kvpilot.operator import constants as c
 from kvpilot.operator.builders.pod_template import gpu_node_selector, gpu_tolerations
-from kvpilot.operator.conditions import Condition, get_condition
 from kvpilot.operator.gpu_capacity import gpu_capacity
 from kvpilot.operator.kube import Kube, KubeError
 from kvpilot.operator.replicas import peak_canary_size
 from kvpilot.operator.spec import ServiceSpec
-from kvpilot.operator.status import with_conditions
-from kvpilot.operator.status_writer import write_status
+from kvpilot.operator.status.conditions import Condition, get_condition
+from kvpilot.operator.status.document import with_conditions
+from kvpilot.operator.status.writer import write_status
 
 CANARY_GPUS = "CanaryGPUs"
 RECHECK_S = 15.0  # a waiting canary lists nodes and pods at most this often

@@ -10,19 +10,19 @@ from kvpilot.operator import options as opts
 from kvpilot.operator.builders.common import deployment_name, lineage_name
 from kvpilot.operator.builders.engine_args import UnsupportedModelUri, engine_args
 from kvpilot.operator.builders.lineage import read_lineage
-from kvpilot.operator.calibration import CalibrationUnavailable, check_calibration
 from kvpilot.operator.canary.route import route_target
 from kvpilot.operator.constants import LABEL_SERVICE, LABEL_TRACK
 from kvpilot.operator.kube import Kube, object_path
-from kvpilot.operator.model_config import ModelConfigUnavailable, load_model_config
-from kvpilot.operator.pod_blockers import TrackHealth, track_health
-from kvpilot.operator.preflight import preflight
+from kvpilot.operator.reconcile.calibration import CalibrationUnavailable, check_calibration
+from kvpilot.operator.reconcile.model_config import ModelConfigUnavailable, load_model_config
+from kvpilot.operator.reconcile.preflight import preflight
+from kvpilot.operator.reconcile.tracks import canary_spec
 from kvpilot.operator.rollout import CanaryStatus, RolloutSpec, World
 from kvpilot.operator.rollout import phases as p
-from kvpilot.operator.rollout_state import READY_PHASE, rollout_state
 from kvpilot.operator.routing import Router, RouteTarget, router_for
 from kvpilot.operator.spec import ServiceSpec
-from kvpilot.operator.tracks import canary_spec
+from kvpilot.operator.status.deployment_state import READY_PHASE, deployment_state
+from kvpilot.operator.status.pod_blockers import TrackHealth, track_health
 from kvpilot.planner import CapacityPlan, PlannerError
 
 
@@ -122,7 +122,7 @@ def _canary_ready(kube: Kube, namespace: str, name: str, status: CanaryStatus) -
     if status.phase != p.PROGRESSING or status.step_started_at is not None:
         return True  # only asked for before the first step's traffic
     live = kube.get(object_path("apps/v1", "Deployment", namespace, deployment_name(name, "canary")))
-    return live is not None and int(live["spec"].get("replicas", 0)) > 0 and rollout_state(live).phase == READY_PHASE
+    return live is not None and int(live["spec"].get("replicas", 0)) > 0 and deployment_state(live).phase == READY_PHASE
 
 
 def _stable_promoted(kube: Kube, namespace: str, name: str, status: CanaryStatus, canary: ServiceSpec,
@@ -131,7 +131,7 @@ def _stable_promoted(kube: Kube, namespace: str, name: str, status: CanaryStatus
     if status.phase != p.PROMOTING:
         return True
     live = kube.get(object_path("apps/v1", "Deployment", namespace, deployment_name(name, "stable")))
-    if live is None or plan is None or rollout_state(live).phase != READY_PHASE:
+    if live is None or plan is None or deployment_state(live).phase != READY_PHASE:
         return False
     engine = next(c for c in live["spec"]["template"]["spec"]["containers"] if c["name"] == "engine")
     return list(engine.get("args") or []) == engine_args(canary, plan, name)

@@ -10,7 +10,6 @@ from kvpilot.operator import constants as c
 from kvpilot.operator import options as opts
 from kvpilot.operator.builders.common import deployment_name
 from kvpilot.operator.canary.locks import object_lock
-from kvpilot.operator.conditions import Condition, get_condition
 from kvpilot.operator.kube import object_path
 from kvpilot.operator.rollout import CanaryStatus
 from kvpilot.operator.rollout import phases as p
@@ -18,8 +17,9 @@ from kvpilot.operator.routing import RouteTarget, router_for
 from kvpilot.operator.routing.conflicts import conflicting_route, signatures
 from kvpilot.operator.routing.httproute import API_VERSION, build_httproute, route_name, route_path
 from kvpilot.operator.spec import GatewayRef, ServiceSpec
-from kvpilot.operator.status import with_conditions
-from kvpilot.operator.status_writer import write_status
+from kvpilot.operator.status.conditions import Condition, get_condition
+from kvpilot.operator.status.document import with_conditions
+from kvpilot.operator.status.writer import write_status
 
 ROUTED = "Routed"  # False/RouteConflict: an older route on the Gateway takes this service's requests
 

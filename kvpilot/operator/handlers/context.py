@@ -9,7 +9,7 @@ from typing import Any
 import kopf
 
 from kvpilot.operator import kube
-from kvpilot.operator.reconciler import Context
+from kvpilot.operator.context import Context
 
 
 def utc_now() -> str:

@@ -19,8 +19,8 @@ import kopf
 
 from kvpilot.operator import constants as c
 from kvpilot.operator.handlers.context import context_for
-from kvpilot.operator.status_writer import StatusConflict
-from kvpilot.operator.watcher import follow_deployment, owner_name
+from kvpilot.operator.status.follow_deployment import follow_deployment, owner_name
+from kvpilot.operator.status.writer import StatusConflict
 
 OWNED = {c.LABEL_MANAGED_BY: "kvpilot", c.LABEL_COMPONENT: "engine"}
 STATUS_THREADS = 4  # status writes wait on the API server (one PATCH each), not on the CPU

@@ -17,15 +17,15 @@ from kvpilot.operator import constants as c
 from kvpilot.operator import kube, options
 from kvpilot.operator.canary.apply import ActionFailed
 from kvpilot.operator.canary.controller import tick
-from kvpilot.operator.conditions import is_true
 from kvpilot.operator.handlers.context import context_for
 from kvpilot.operator.handlers.deployments import _status_pool
 from kvpilot.operator.kube import KubeError, object_path
-from kvpilot.operator.pod_blockers import PODS_BLOCKED
-from kvpilot.operator.pod_status import refresh_blockers
 from kvpilot.operator.rollout import phases
 from kvpilot.operator.routing import RouterUnavailable
-from kvpilot.operator.status_writer import StatusConflict
+from kvpilot.operator.status.conditions import is_true
+from kvpilot.operator.status.pod_blockers import PODS_BLOCKED
+from kvpilot.operator.status.pod_status import refresh_blockers
+from kvpilot.operator.status.writer import StatusConflict
 
 OWNED = {c.LABEL_MANAGED_BY: "kvpilot", c.LABEL_COMPONENT: "engine"}
 CHECK_INTERVAL_S = 15.0

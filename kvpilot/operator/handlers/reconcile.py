@@ -10,8 +10,8 @@ import kopf
 from kvpilot.operator import constants as c
 from kvpilot.operator import rollout_metrics as metrics
 from kvpilot.operator.handlers.context import context_for
-from kvpilot.operator.reconciler import InvalidSpec, RetryLater, reconcile
-from kvpilot.operator.status_writer import StatusConflict
+from kvpilot.operator.reconcile.reconciler import InvalidSpec, RetryLater, reconcile
+from kvpilot.operator.status.writer import StatusConflict
 from kvpilot.planner import CapacityPlan
 
 

@@ -22,7 +22,7 @@ from kvpilot.operator.rollout import phases
 from kvpilot.operator.rollout.state import parse_time
 from kvpilot.operator.routing import RouterUnavailable
 from kvpilot.operator.spec import canary_hash, parse_duration
-from kvpilot.operator.status_writer import StatusConflict
+from kvpilot.operator.status.writer import StatusConflict
 
 
 def needs_ticks(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvpilot.operator.conditions import DEGRADED, PROGRESSING, READY, Condition
+from kvpilot.operator.status.conditions import DEGRADED, PROGRESSING, READY, Condition
 
 PENDING, PROGRESSING_PHASE, READY_PHASE, DEGRADED_PHASE, INFEASIBLE = (
     "Pending", "Progressing", "Ready", "Degraded", "Infeasible",
@@ -14,7 +14,7 @@ PENDING, PROGRESSING_PHASE, READY_PHASE, DEGRADED_PHASE, INFEASIBLE = (
 
 
 @dataclass(frozen=True)
-class RolloutState:
+class DeploymentState:
     """What the Deployment says: phase, replica counts and the three rollout conditions."""
 
     phase: str
@@ -23,10 +23,10 @@ class RolloutState:
     conditions: tuple[Condition, ...]
 
 
-def rollout_state(deployment: Mapping[str, Any] | None) -> RolloutState:
+def deployment_state(deployment: Mapping[str, Any] | None) -> DeploymentState:
     """Ready when every replica is updated and available and the controller saw the latest spec."""
     if deployment is None:
-        return RolloutState(PENDING, 0, 0, (
+        return DeploymentState(PENDING, 0, 0, (
             Condition(READY, "False", "NoDeployment", "the stable Deployment does not exist yet"),
             Condition(PROGRESSING, "True", "Creating", "creating the stable Deployment"),
             Condition(DEGRADED, "False", "NoDeployment", "no pods yet"),
@@ -45,19 +45,19 @@ def rollout_state(deployment: Mapping[str, Any] | None) -> RolloutState:
     counts = f"{updated}/{desired} updated, {ready}/{desired} ready, {available}/{desired} available"
     if stalled or failure.get("status") == "True":
         why = failure.get("message") if failure.get("status") == "True" else dep_conditions["Progressing"].get("message")
-        return RolloutState(DEGRADED_PHASE, desired, ready, (
+        return DeploymentState(DEGRADED_PHASE, desired, ready, (
             Condition(READY, "True" if ready >= desired > 0 else "False", "RolloutStalled", counts),
             Condition(PROGRESSING, "False", "ProgressDeadlineExceeded" if stalled else "ReplicaFailure", counts),
             Condition(DEGRADED, "True", "RolloutStalled", f"Deployment {name}: {why}"),
         ))
     done = seen and updated == desired and available == desired and total == desired and ready == desired
     if done:
-        return RolloutState(READY_PHASE, desired, ready, (
+        return DeploymentState(READY_PHASE, desired, ready, (
             Condition(READY, "True", "AllReplicasReady", counts),
             Condition(PROGRESSING, "False", "RolloutComplete", f"Deployment {name} is up to date"),
             Condition(DEGRADED, "False", "AllReplicasReady", counts),
         ))
-    return RolloutState(PROGRESSING_PHASE, desired, ready, (
+    return DeploymentState(PROGRESSING_PHASE, desired, ready, (
         Condition(READY, "True" if ready >= desired > 0 else "False",
                   "AllReplicasReady" if ready >= desired > 0 else "ReplicasNotReady", counts),
         Condition(PROGRESSING, "True", "RollingOut", f"Deployment {name}: {counts}"),

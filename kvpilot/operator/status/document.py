@@ -5,11 +5,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kvpilot.operator.conditions import CAPACITY_PLANNED, READY, Condition, get_condition, set_conditions
-from kvpilot.operator.pod_blockers import Blocker, blockers_condition
-from kvpilot.operator.preflight import capacity_condition, capacity_status
-from kvpilot.operator.rollout_state import INFEASIBLE, RolloutState
 from kvpilot.operator.spec import ServiceSpec
+from kvpilot.operator.status.conditions import (
+    CAPACITY_PLANNED,
+    READY,
+    Condition,
+    get_condition,
+    set_conditions,
+)
+from kvpilot.operator.status.deployment_state import INFEASIBLE, DeploymentState
+from kvpilot.operator.status.pod_blockers import Blocker, blockers_condition
 from kvpilot.planner import CapacityPlan
 
 
@@ -37,7 +42,7 @@ def with_plan(status: dict[str, Any], spec: ServiceSpec, plan: CapacityPlan, *, 
     return out
 
 
-def with_rollout(status: dict[str, Any], state: RolloutState, *, now: str) -> dict[str, Any]:
+def with_deployment_state(status: dict[str, Any], state: DeploymentState, *, now: str) -> dict[str, Any]:
     """Ready/Progressing/Degraded and the replica counts; Infeasible wins over the rollout phase."""
     generation = status.get("observedGeneration")
     out = with_conditions(status, list(state.conditions), now=now, generation=generation)
@@ -69,3 +74,27 @@ def with_blockers(status: dict[str, Any], blockers: Sequence[Blocker], *, now: s
     else:
         out.pop("blockedPods", None)
     return out
+
+
+def capacity_status(plan: CapacityPlan) -> dict[str, Any]:
+    """status.capacity: the figures a user checks before and after a strategy change."""
+    return {
+        "strategy": plan.strategy,
+        "gpuProduct": plan.gpu_product,
+        "gpus": plan.gpus,
+        "feasible": plan.feasible,
+        "bytesPerToken": plan.bytes_per_token,
+        "kvPoolBytes": plan.kv_pool_bytes,
+        "numBlocks": plan.num_blocks,
+        "perRequestPeakBytes": plan.per_request_peak_bytes,
+        "maxSeqLen": plan.max_seq_len,
+        "maxConcurrency": plan.max_concurrency,
+        "weightsBytes": plan.weights_bytes,
+        "freeBytes": plan.free_bytes,
+    }
+
+
+def capacity_condition(plan: CapacityPlan) -> Condition:
+    if plan.feasible:
+        return Condition(CAPACITY_PLANNED, "True", "Planned", plan.reason)
+    return Condition(CAPACITY_PLANNED, "False", "Infeasible", plan.reason)

@@ -6,7 +6,6 @@ Kopf-free so tests can drive it with a fake client; handlers translate its excep
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.operator import constants as c
@@ -20,21 +19,26 @@ from kvpilot.operator.builders import (
 )
 from kvpilot.operator.builders.engine_args import UnsupportedModelUri, model_path
 from kvpilot.operator.builders.pdb import build_pdb, pdb_name
-from kvpilot.operator.calibration import CalibrationUnavailable, check_calibration
 from kvpilot.operator.canary.route import ensure_steady_route
-from kvpilot.operator.conditions import CAPACITY_PLANNED, DEGRADED, MONITORING, Condition, get_condition
-from kvpilot.operator.kube import Kube, KubeError, object_path
-from kvpilot.operator.lineage_writer import apply_lineage
-from kvpilot.operator.model_config import ModelConfigUnavailable, load_model_config
-from kvpilot.operator.preflight import preflight
-from kvpilot.operator.rollout_state import rollout_state
+from kvpilot.operator.context import Context
+from kvpilot.operator.kube import KubeError, object_path
+from kvpilot.operator.reconcile.calibration import CalibrationUnavailable, check_calibration
+from kvpilot.operator.reconcile.lineage_writer import apply_lineage
+from kvpilot.operator.reconcile.model_config import ModelConfigUnavailable, load_model_config
+from kvpilot.operator.reconcile.preflight import preflight
+from kvpilot.operator.reconcile.tracks import stable_spec, valid_override
 from kvpilot.operator.spec import ServiceSpec
-from kvpilot.operator.status import with_conditions, with_failure, with_plan, with_rollout
-from kvpilot.operator.status_writer import write_status
-from kvpilot.operator.tracks import stable_spec, valid_override
+from kvpilot.operator.status.conditions import (
+    CAPACITY_PLANNED,
+    DEGRADED,
+    MONITORING,
+    Condition,
+    get_condition,
+)
+from kvpilot.operator.status.deployment_state import deployment_state
+from kvpilot.operator.status.document import with_conditions, with_deployment_state, with_failure, with_plan
+from kvpilot.operator.status.writer import write_status
 from kvpilot.planner import CapacityPlan, PlannerError, human_bytes
-
-Emit = Callable[[str, str, str], None]  # (Normal|Warning, reason, message)
 
 
 class RetryLater(RuntimeError):
@@ -49,20 +53,11 @@ class InvalidSpec(ValueError):
     """The spec cannot be planned; only an edit fixes it."""
 
 
-@dataclass(frozen=True)
-class Context:
-    """What one reconcile needs from outside: the API, an event sink and a clock."""
-
-    kube: Kube
-    emit: Emit
-    now: Callable[[], str]
-
-
 def reconcile(ctx: Context, body: Mapping[str, Any]) -> CapacityPlan:
     meta = body["metadata"]
     namespace = meta["namespace"]
     # The stable track's effective configuration: spec.model/spec.strategy, or what a promotion
-    # (or a rollback after one) put there (kvpilot.operator.tracks).
+    # (or a rollback after one) put there (kvpilot.operator.reconcile.tracks).
     spec = stable_spec(body.get("spec") or {}, body.get("status"), namespace)
     try:
         plan = _plan(ctx, namespace, spec)
@@ -138,7 +133,7 @@ def _record_plan(ctx: Context, body: Mapping[str, Any], spec: ServiceSpec, plan:
             new = with_conditions(new, [monitoring], now=now, generation=generation)
         if deployment is not None:
             live_deployment = deployment()
-            new = with_rollout(new, rollout_state(live_deployment), now=now)
+            new = with_deployment_state(new, deployment_state(live_deployment), now=now)
             new["selector"] = f"{c.LABEL_SERVICE}={meta['name']},{c.LABEL_TRACK}=stable"  # the scale subresource's
             new["stable"] = {**new["stable"], "deployment": live_deployment["metadata"]["name"],
                              "deploymentGeneration": live_deployment["metadata"].get("generation")}

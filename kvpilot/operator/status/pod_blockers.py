@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.operator import constants as c
-from kvpilot.operator.conditions import PODS_BLOCKED, Condition
+from kvpilot.operator.status.conditions import PODS_BLOCKED, Condition
 
 MAX_MESSAGE = 900  # a condition message stays readable in `kubectl describe`
 WAITING_REASONS = frozenset({

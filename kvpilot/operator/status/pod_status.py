@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from kvpilot.operator import constants as c
-from kvpilot.operator.pod_blockers import Blocker, find_blockers, new_blockers
-from kvpilot.operator.reconciler import Context
-from kvpilot.operator.status import with_blockers
-from kvpilot.operator.status_writer import write_status
+from kvpilot.operator.context import Context
+from kvpilot.operator.status.document import with_blockers
+from kvpilot.operator.status.pod_blockers import Blocker, find_blockers, new_blockers
+from kvpilot.operator.status.writer import write_status
 
 MAX_EVENT_READS = 10  # pending pods whose Events are read per refresh (one list call each)
 

@@ -6,11 +6,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvpilot.operator import constants as c
-from kvpilot.operator.conditions import DEGRADED, READY, get_condition
-from kvpilot.operator.reconciler import Context
-from kvpilot.operator.rollout_state import rollout_state
-from kvpilot.operator.status import with_rollout
-from kvpilot.operator.status_writer import write_status
+from kvpilot.operator.context import Context
+from kvpilot.operator.status.conditions import DEGRADED, READY, get_condition
+from kvpilot.operator.status.deployment_state import deployment_state
+from kvpilot.operator.status.document import with_deployment_state
+from kvpilot.operator.status.writer import write_status
 
 
 def owner_name(deployment: Mapping[str, Any]) -> str | None:
@@ -33,7 +33,7 @@ def follow_deployment(ctx: Context, deployment: Mapping[str, Any]) -> dict[str, 
         seen["live"] = live
         if (old.get("stable") or {}).get("deployment") not in (None, name):
             return old
-        return with_rollout(old, rollout_state(deployment), now=now)
+        return with_deployment_state(old, deployment_state(deployment), now=now)
 
     result = write_status(ctx.kube, deployment["metadata"]["namespace"], owner, update)
     if result is None or result[0] == result[1]:

@@ -1,0 +1,1 @@
+"""Reconciliation of an InferenceService into its children: preflight, the stable track, lineage."""
