@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     import kvpilot.operator.handlers  # noqa: F401  (registers the handlers)
 
     if args.metrics_port:
-        from kvpilot.operator.rollout_metrics import serve
+        from kvpilot.operator.operator_metrics import serve
 
         serve(args.metrics_port)
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN, log_prefix=True)

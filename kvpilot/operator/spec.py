@@ -68,7 +68,7 @@ class StrategySpec:
     calibration: CalibrationRef | None = None
     mla_rope_dims: int | None = None  # mla conversion: dims per KV head that keep RoPE (partial RoPE)
     # The CRD gives this no default: a default would appear in every stored object's strategy and change
-    # the digest a promotion's override is keyed to (tracks.py), reverting promoted services.
+    # the digest a promotion's override is keyed to (reconcile/tracks.py), reverting promoted services.
     mla_rope_pairs: str = "auto"
 
     @property
@@ -162,7 +162,7 @@ class CanarySpec:
     paused: bool = False
     analysis: Mapping[str, Any] = field(default_factory=dict)  # thresholds, read by the analysis package
     failure_limit: int = DEFAULT_FAILURE_LIMIT
-    replicas: int | None = None  # fixed canary size; None: derived from each step's weight (replicas.py)
+    replicas: int | None = None  # fixed canary size; None: derived from each step's weight (rollout/replicas.py)
     spec_hash: str = ""
     error: str = ""  # what is wrong with spec.canary (the rollout fails with it; stable is unaffected)
 

@@ -60,7 +60,7 @@ def extra_weight_bytes(model: ModelShape, strategy: KVStrategy) -> int:
     a fallback reserve, of every layer (the unmerged path), plus every layer's original o_proj when
     calibrated (strategies/gqa/compensate.py rewrites it); the MLA conversion keeps every layer's K/V
     projections (validation, fallback) beside its factors, counted at the cached row's width (latent
-    plus partial RoPE's exact key dims, as the engine plans it: server/capacity.py cached_latent_width)."""
+    plus partial RoPE's exact key dims, as the engine plans it: server/runtime/capacity_plan.py cached_latent_width)."""
     width = model.weight_dtype_bytes or model.dtype_bytes
     h, kv = model.hidden_size, model.num_kv_heads * model.head_dim
     layers = model.num_full_layers

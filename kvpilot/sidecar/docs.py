@@ -77,7 +77,7 @@ def metrics_markdown() -> str:
 
 def _api_port_lines() -> list[str]:
     """The engine's API port (:8000/metrics): vLLM's names beside the kvpilot_ engine families."""
-    from kvpilot.engine.server.vllm_metrics import CACHE_CONFIG_INFO, VLLM_TABLE
+    from kvpilot.engine.server.endpoints.vllm_metrics import CACHE_CONFIG_INFO, VLLM_TABLE
 
     lines = [
         "",

@@ -94,7 +94,9 @@ def test_prompt_beyond_pool_is_admitted_only_with_eviction(ckpt):
     with pytest.raises(ValueError, match="at most 191"):
         plain.add_request("long", prompt, SamplingParams(max_tokens=4))
     eng = engine(ckpt, num_kv_blocks=12, eviction="sinks", eviction_sinks=4, eviction_window=32)
-    from kvpilot.engine.server.runtime import engine_max_model_len  # fastapi: not on the GPU box
+    from kvpilot.engine.server.runtime.server_runtime import (
+        engine_max_model_len,  # fastapi: not on the GPU box
+    )
 
     assert engine_max_model_len(eng) == eng.max_model_len > len(prompt)  # what the server admits by
     assert len(generate(eng, prompt, 8)) == 8

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kvpilot.engine.llm import LLM
-from kvpilot.engine.server.capacity import plan_for
+from kvpilot.engine.server.runtime.capacity_plan import plan_for
 from kvpilot.planner import DEFAULT_WATERMARK
 from tests.helpers.models import build_hf_checkpoint
 from tests.parity.helpers import assert_replay_and_release, greedy_ids, hf_reference_fixture, mixed_prompts

@@ -3,7 +3,7 @@ real Prometheus scraping real engines (stable: native attention; canary: linear 
 validation) through real sidecars, labelled namespace/service/track as a PodMonitor labels them, and
 the operator's /metrics.
 
-The operator's metrics are its own registry (kvpilot/operator/rollout_metrics.py) served on a port by
+The operator's metrics are its own registry (kvpilot/operator/operator_metrics.py) served on a port by
 prometheus-client, exactly as `kvpilot operator --metrics-port` serves it, and moved through a rollout's
 story (a canary promoted, a second one rolled back) with the functions the operator calls; a real
 operator would need a cluster and a gateway to get there (that is the e2e tier and the demo).
@@ -27,7 +27,7 @@ from prometheus_client import start_http_server
 
 from kvpilot.dashboards import DASHBOARDS
 from kvpilot.dashboards.inventory import Query, format_value, interpolate, queries, variables
-from kvpilot.operator import rollout_metrics as operator_metrics
+from kvpilot.operator import operator_metrics
 from kvpilot.operator.rollout import phases
 from tests.harness.fleet import EngineSpec, Fleet, send_load
 from tests.harness.prometheus import PrometheusServer, free_port, prometheus_missing

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from kvpilot.engine.server.detokenizer import CONTEXT, MAX_WINDOW
+from kvpilot.engine.server.wire.detokenizer import CONTEXT, MAX_WINDOW
 from tests.service.conftest import SERVED_MODEL, ServerProcess
 
 pytestmark = pytest.mark.service

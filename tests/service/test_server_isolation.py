@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from kvpilot.engine.server import ServerRuntime, ServerSettings, create_app
-from kvpilot.engine.server.warmup import warm_up
+from kvpilot.engine.server.runtime.warmup import warm_up
 
 pytestmark = pytest.mark.service
 

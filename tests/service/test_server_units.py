@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from kvpilot.engine.server.admission import Admission
-from kvpilot.engine.server.capacity import parse_bytes
-from kvpilot.engine.server.detokenizer import IncrementalText
-from kvpilot.engine.server.errors import APIError
-from kvpilot.engine.server.idempotency import IdempotencyStore, body_fingerprint
-from kvpilot.engine.server.result_log import ResultLog, event_bytes
+from kvpilot.engine.server.http.errors import APIError
+from kvpilot.engine.server.runtime.admission import Admission
+from kvpilot.engine.server.runtime.capacity_plan import parse_bytes
+from kvpilot.engine.server.runtime.idempotency import IdempotencyStore, body_fingerprint
+from kvpilot.engine.server.runtime.result_log import ResultLog, event_bytes
+from kvpilot.engine.server.wire.detokenizer import IncrementalText
 
 pytestmark = pytest.mark.unit
 

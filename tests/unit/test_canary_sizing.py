@@ -14,12 +14,12 @@ from operator_fakes import FakeKube, service
 
 from kvpilot.operator import constants as c
 from kvpilot.operator import options
-from kvpilot.operator.canary import gpu_check
-from kvpilot.operator.canary.controller import tick
 from kvpilot.operator.context import Context
 from kvpilot.operator.kube import KubeError, object_path
 from kvpilot.operator.options import Options
 from kvpilot.operator.reconcile.reconciler import reconcile
+from kvpilot.operator.rollout import gpu_check
+from kvpilot.operator.rollout.controller import tick
 from kvpilot.operator.spec import GatewayRef
 from tests.unit.rollout_fakes import Result, at
 
@@ -179,8 +179,8 @@ def test_waiting_for_gpus_is_a_quiet_retry_not_a_handler_error(monkeypatch: pyte
 
     import kopf
 
-    from kvpilot.operator.canary.apply import ActionFailed
-    from kvpilot.operator.handlers import rollout as handler
+    from kvpilot.operator.handlers import rollout_ticks as handler
+    from kvpilot.operator.rollout.apply import ActionFailed
 
     body = {"metadata": {"namespace": "ns", "name": "chat"}}
     monkeypatch.setattr(handler, "context_for", lambda _body: None)

@@ -8,8 +8,8 @@ import resource
 
 import pytest
 
-from kvpilot.engine.server.connections import connection_cap
-from kvpilot.engine.server.log_limits import RepeatFilter
+from kvpilot.engine.server.http.connections import connection_cap
+from kvpilot.engine.server.http.log_limits import RepeatFilter
 
 pytestmark = pytest.mark.unit
 

@@ -17,7 +17,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from kvpilot.dashboards import DASHBOARDS, render
 from kvpilot.dashboards.__main__ import main
 from kvpilot.dashboards.inventory import format_value, interpolate, queries, variables
-from kvpilot.operator import rollout_metrics
+from kvpilot.operator import operator_metrics
 from kvpilot.sidecar.schema import BY_NAME
 
 pytestmark = pytest.mark.unit
@@ -101,9 +101,9 @@ def _metric_names(expr: str) -> set[str]:
 
 
 def operator_metric_names() -> set[str]:
-    """The sample names the operator's /metrics serves (kvpilot/operator/rollout_metrics.py)."""
+    """The sample names the operator's /metrics serves (kvpilot/operator/operator_metrics.py)."""
     suffixes = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}
-    return {family.name + suffix for metric in vars(rollout_metrics).values() if isinstance(metric, MetricWrapperBase)
+    return {family.name + suffix for metric in vars(operator_metrics).values() if isinstance(metric, MetricWrapperBase)
             for family in metric.describe() for suffix in suffixes[family.type]}
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from kvpilot.engine.make_model import EOS_ID, build_tokenizer
-from kvpilot.engine.server.detokenizer import CONTEXT, MAX_WINDOW, DecodeWork, IncrementalText
+from kvpilot.engine.server.wire.detokenizer import CONTEXT, MAX_WINDOW, DecodeWork, IncrementalText
 
 pytestmark = pytest.mark.unit
 

@@ -16,8 +16,8 @@ from kvpilot.engine.core.scheduler import Scheduler
 from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.llm_engine import LLMEngine
 from kvpilot.engine.sampling_params import SamplingParams
-from kvpilot.engine.server.engine_loop import EngineLoop
-from kvpilot.engine.server.oom import MAX_OOM_RETRIES
+from kvpilot.engine.server.runtime.engine_loop import EngineLoop
+from kvpilot.engine.server.runtime.oom import MAX_OOM_RETRIES
 
 pytestmark = pytest.mark.unit
 

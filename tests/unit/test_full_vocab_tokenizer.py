@@ -8,7 +8,7 @@ import pytest
 
 from kvpilot.bench.shapes import SHAPES, write_shape
 from kvpilot.engine.make_model.full_vocab import SPECIALS, full_vocab_tokens
-from kvpilot.engine.server.detokenizer import IncrementalText
+from kvpilot.engine.server.wire.detokenizer import IncrementalText
 from kvpilot.engine.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.unit

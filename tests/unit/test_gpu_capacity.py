@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from kvpilot.operator.gpu_capacity import gpu_capacity, pod_gpus
+from kvpilot.operator.rollout.gpu_capacity import gpu_capacity, pod_gpus
 
 pytestmark = pytest.mark.unit
 GPU_TOLERATION = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]

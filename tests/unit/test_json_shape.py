@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpilot.engine.server.json_shape import MAX_JSON_DEPTH, JsonShape, member_key, nonblank_length
+from kvpilot.engine.server.http.json_shape import MAX_JSON_DEPTH, JsonShape, member_key, nonblank_length
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,7 @@ from kvpilot.operator.builders import build_deployment
 from kvpilot.operator.builders.pdb import build_pdb
 from kvpilot.operator.reconcile.preflight import StrategyRefused, preflight
 from kvpilot.operator.reconcile.tracks import canary_spec
-from kvpilot.operator.replicas import canary_replicas, canary_size, peak_canary_size
+from kvpilot.operator.rollout.replicas import canary_replicas, canary_size, peak_canary_size
 from kvpilot.operator.spec import ServiceSpec, canary_hash
 
 pytestmark = pytest.mark.unit

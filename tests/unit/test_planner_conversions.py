@@ -1,5 +1,5 @@
 """The planner's rows and weights for partial-RoPE MLA and calibrated GQA, and the operator's plan agreeing
-with the one `kvpilot serve` sizes its pool from (engine/server/capacity.py) for the same strategy."""
+with the one `kvpilot serve` sizes its pool from (engine/server/runtime/capacity_plan.py) for the same strategy."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvpilot.engine.config.engine import EngineConfig
-from kvpilot.engine.server.capacity import plan_for
+from kvpilot.engine.server.runtime.capacity_plan import plan_for
 from kvpilot.operator.reconcile.preflight import preflight
 from kvpilot.operator.spec import ServiceSpec
 from kvpilot.planner import GpuSpec, KVStrategy, ModelShape, PlannerError, plan_capacity

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from kvpilot.engine.server.json_shape import JsonShape
-from kvpilot.engine.server.raw_field_limits import SMALLEST_LIMIT, oversized_field
-from kvpilot.engine.server.request_limits import MAX_TOOLS_CHARS
+from kvpilot.engine.server.http.json_shape import JsonShape
+from kvpilot.engine.server.http.raw_field_limits import SMALLEST_LIMIT, oversized_field
+from kvpilot.engine.server.wire.request_limits import MAX_TOOLS_CHARS
 from kvpilot.engine.structured.compiler import MAX_SPEC_CHARS
 
 pytestmark = pytest.mark.unit

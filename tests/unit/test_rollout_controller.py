@@ -15,12 +15,12 @@ import pytest
 from prometheus_client import REGISTRY
 
 from kvpilot.operator import constants as c
-from kvpilot.operator.canary.controller import tick
 from kvpilot.operator.context import Context
 from kvpilot.operator.kube import KubeError, object_path
 from kvpilot.operator.options import Options
 from kvpilot.operator.reconcile.reconciler import reconcile
 from kvpilot.operator.rollout import RunAnalysis
+from kvpilot.operator.rollout.controller import tick
 from kvpilot.operator.spec import GatewayRef
 from tests.unit.operator_fakes import FakeKube, service
 from tests.unit.rollout_fakes import Result, at
@@ -228,7 +228,7 @@ def test_restarts_before_the_first_step_are_the_baseline() -> None:
 
 
 def test_shared_gateway_route_before_during_and_after_a_rollout() -> None:
-    from kvpilot.operator.canary.route import ensure_steady_route
+    from kvpilot.operator.rollout.route import ensure_steady_route
 
     kube, _ctx, clock, _asked, run = setup(["fail", "fail"])
     path = object_path(c.API_VERSION, c.KIND, "ns", "chat")
@@ -262,7 +262,7 @@ def test_shared_gateway_route_before_during_and_after_a_rollout() -> None:
 
 
 def test_an_older_route_with_the_same_matches_is_a_route_conflict() -> None:
-    from kvpilot.operator.canary.route import ensure_steady_route
+    from kvpilot.operator.rollout.route import ensure_steady_route
 
     kube, ctx, _clock, _asked, _run = setup([])
     path = object_path(c.API_VERSION, c.KIND, "ns", "chat")

@@ -6,7 +6,7 @@ import datetime
 
 import pytest
 
-from kvpilot.operator.handlers.rollout import annotation_pending, needs_ticks, waiting_out_a_step
+from kvpilot.operator.handlers.rollout_ticks import annotation_pending, needs_ticks, waiting_out_a_step
 from kvpilot.operator.spec import canary_hash
 
 pytestmark = pytest.mark.unit

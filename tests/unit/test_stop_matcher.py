@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpilot.engine.server.detokenizer import IncrementalText
+from kvpilot.engine.server.wire.detokenizer import IncrementalText
 from kvpilot.engine.stop_matcher import StopAutomaton, StopScan
 
 pytestmark = pytest.mark.unit

@@ -9,10 +9,10 @@ from typing import Any
 import jsonschema
 import pytest
 
-from kvpilot.engine.server.errors import APIError
-from kvpilot.engine.server.protocol import ChatCompletionRequest
-from kvpilot.engine.server.tool_parsers import detect_parser, held_back, parse_tool_calls
-from kvpilot.engine.server.tools import ToolPlan, tool_plan
+from kvpilot.engine.server.http.errors import APIError
+from kvpilot.engine.server.tools.tool_calls import ToolPlan, tool_plan
+from kvpilot.engine.server.tools.tool_parsers import detect_parser, held_back, parse_tool_calls
+from kvpilot.engine.server.wire.request_bodies import ChatCompletionRequest
 
 pytestmark = pytest.mark.unit
 

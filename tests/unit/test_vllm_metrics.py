@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvpilot.engine.metrics import stats_contract as contract
 from kvpilot.engine.metrics.stats import EngineStats
-from kvpilot.engine.server.vllm_metrics import render, vllm_readings
+from kvpilot.engine.server.endpoints.vllm_metrics import render, vllm_readings
 from kvpilot.sidecar.adapters import ADAPTERS, read_page
 from kvpilot.sidecar.feed import feed_readings
 from tests.harness.stats_feed import make_feed
@@ -138,7 +138,7 @@ def test_metrics_needs_no_api_key_while_the_api_does():
     from starlette.routing import Route
     from starlette.testclient import TestClient
 
-    from kvpilot.engine.server.auth import ApiKeyMiddleware
+    from kvpilot.engine.server.http.auth import ApiKeyMiddleware
 
     ok = lambda request: PlainTextResponse("ok")  # noqa: E731
     app = Starlette(routes=[Route("/metrics", ok), Route("/v1/models", ok)])

@@ -14,9 +14,9 @@ from typing import Any
 
 from kvpilot.engine.config.arguments import add_config_arguments, config_kwargs
 from kvpilot.engine.metrics.stats_contract import DEFAULT_STATS_PORT
-from kvpilot.engine.server.connections import DEFAULT_HEADER_TIMEOUT_SECONDS, DEFAULT_MAX_CONNECTIONS
-from kvpilot.engine.server.idempotency import DEFAULT_MAX_BYTES as DEFAULT_IDEMPOTENCY_BYTES
-from kvpilot.engine.server.request_guard import DEFAULT_BODY_TIMEOUT_SECONDS, DEFAULT_MAX_BODY_BYTES
+from kvpilot.engine.server.http.connections import DEFAULT_HEADER_TIMEOUT_SECONDS, DEFAULT_MAX_CONNECTIONS
+from kvpilot.engine.server.http.request_guard import DEFAULT_BODY_TIMEOUT_SECONDS, DEFAULT_MAX_BODY_BYTES
+from kvpilot.engine.server.runtime.idempotency import DEFAULT_MAX_BYTES as DEFAULT_IDEMPOTENCY_BYTES
 from kvpilot.engine.structured.compile_pool import COMPILE_TIMEOUT_SECONDS
 from kvpilot.engine.structured.compiler import CACHE_BYTES as GRAMMAR_CACHE_BYTES
 from kvpilot.engine.structured.compiler import MAX_GRAMMAR_BYTES
@@ -130,7 +130,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     api.add_argument(
         "--engine-core", choices=("auto", "thread", "process"), default="auto",
         help="where the engine steps: a thread of the API process, or a process of its own (HTTP, tokenising "
-        "and streaming then never wait for the engine's Python; engine/server/core_process.py). auto: a "
+        "and streaming then never wait for the engine's Python; engine/server/runtime/core_process.py). auto: a "
         "process on one CUDA device, a thread on CPU and under tensor parallelism",
     )  # fmt: skip
     api.add_argument(
@@ -171,15 +171,15 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any, str]:
     from kvpilot.engine.config import EngineConfig
     from kvpilot.engine.config.batch import fill_batch_defaults
     from kvpilot.engine.server import ServerSettings
-    from kvpilot.engine.server.auth import read_key_file
-    from kvpilot.engine.server.capacity import (
+    from kvpilot.engine.server.http.auth import read_key_file
+    from kvpilot.engine.server.runtime.capacity_plan import (
         device_memory,
         parse_bytes,
         plan_for,
         resolve_device,
         strategy_name,
     )
-    from kvpilot.engine.server.faults import FaultSettings
+    from kvpilot.engine.server.runtime.faults import FaultSettings
     from kvpilot.planner import PlannerError, format_plan
 
     if args.shape:  # the shape's config and tokenizer in a directory that lives as long as the server
@@ -282,9 +282,9 @@ class _Server:
 async def _serve(args: argparse.Namespace, config: Any, settings: Any) -> int:
     from kvpilot.engine.llm_engine import LLMEngine
     from kvpilot.engine.server import ServerRuntime, create_app, create_stats_app
-    from kvpilot.engine.server.connections import guarded_h11, handle_descriptor_exhaustion
-    from kvpilot.engine.server.log_limits import limit_repeats
-    from kvpilot.engine.server.warmup import warm_up
+    from kvpilot.engine.server.http.connections import guarded_h11, handle_descriptor_exhaustion
+    from kvpilot.engine.server.http.log_limits import limit_repeats
+    from kvpilot.engine.server.runtime.warmup import warm_up
 
     def on_ready(engine: Any) -> None:
         stats = engine.stats()
@@ -297,7 +297,7 @@ async def _serve(args: argparse.Namespace, config: Any, settings: Any) -> int:
         )
 
     # a tensor-parallel rank that dies calls on_failure: the server stops admitting, drains and exits 1
-    from kvpilot.engine.server.capacity import resolve_device
+    from kvpilot.engine.server.runtime.capacity_plan import resolve_device
 
     core = args.engine_core
     if core == "auto":
@@ -306,7 +306,7 @@ async def _serve(args: argparse.Namespace, config: Any, settings: Any) -> int:
 
     def engine_factory() -> Any:
         if core == "process":
-            from kvpilot.engine.server.core_client import EngineCoreClient
+            from kvpilot.engine.server.runtime.core_client import EngineCoreClient
 
             return EngineCoreClient(config, on_fatal=lambda m: on_failure(m), log_level=args.log_level)
         return LLMEngine(config, on_fatal=lambda m: on_failure(m))

@@ -15,12 +15,12 @@ import kopf
 
 from kvpilot.operator import constants as c
 from kvpilot.operator import kube, options
-from kvpilot.operator.canary.apply import ActionFailed
-from kvpilot.operator.canary.controller import tick
 from kvpilot.operator.handlers.context import context_for
 from kvpilot.operator.handlers.deployments import _status_pool
 from kvpilot.operator.kube import KubeError, object_path
 from kvpilot.operator.rollout import phases
+from kvpilot.operator.rollout.apply import ActionFailed
+from kvpilot.operator.rollout.controller import tick
 from kvpilot.operator.routing import RouterUnavailable
 from kvpilot.operator.status.conditions import is_true
 from kvpilot.operator.status.pod_blockers import PODS_BLOCKED

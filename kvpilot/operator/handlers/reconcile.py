@@ -8,7 +8,7 @@ from typing import Any
 import kopf
 
 from kvpilot.operator import constants as c
-from kvpilot.operator import rollout_metrics as metrics
+from kvpilot.operator import operator_metrics as metrics
 from kvpilot.operator.handlers.context import context_for
 from kvpilot.operator.reconcile.reconciler import InvalidSpec, RetryLater, reconcile
 from kvpilot.operator.status.writer import StatusConflict

@@ -19,7 +19,6 @@ from kvpilot.operator.builders import (
 )
 from kvpilot.operator.builders.engine_args import UnsupportedModelUri, model_path
 from kvpilot.operator.builders.pdb import build_pdb, pdb_name
-from kvpilot.operator.canary.route import ensure_steady_route
 from kvpilot.operator.context import Context
 from kvpilot.operator.kube import KubeError, object_path
 from kvpilot.operator.reconcile.calibration import CalibrationUnavailable, check_calibration
@@ -27,6 +26,7 @@ from kvpilot.operator.reconcile.lineage_writer import apply_lineage
 from kvpilot.operator.reconcile.model_config import ModelConfigUnavailable, load_model_config
 from kvpilot.operator.reconcile.preflight import preflight
 from kvpilot.operator.reconcile.tracks import stable_spec, valid_override
+from kvpilot.operator.rollout.route import ensure_steady_route
 from kvpilot.operator.spec import ServiceSpec
 from kvpilot.operator.status.conditions import (
     CAPACITY_PLANNED,
