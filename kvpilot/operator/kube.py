@@ -104,7 +104,7 @@ class Kube:
         self.requests: Counter[str] = Counter()
         self._writes = 0
         self._crds: dict[str, tuple[float, bool]] = {}
-        self.last_seen: dict[tuple[str, str], dict[str, Any]] = {}  # InferenceServices, for status_writer
+        self.last_seen: dict[tuple[str, str], dict[str, Any]] = {}  # InferenceServices, for status/writer.py
 
     @classmethod
     def from_environment(cls, config_file: str | None = None) -> Kube:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from kvpilot.operator.rollout import phases
+from kvpilot.operator.rollout.phases import ALL as PHASES
 
 WEIGHT = Gauge("kvpilot_rollout_weight", "Share of unpinned traffic routed to the canary, percent",
                ["namespace", "service"])
@@ -28,7 +28,7 @@ RECONCILE_ERRORS = Counter("kvpilot_operator_reconcile_errors_total", "Handler r
 def record_status(namespace: str, service: str, phase: str, step: int, weight: int) -> None:
     WEIGHT.labels(namespace, service).set(weight)
     STEP.labels(namespace, service).set(step)
-    for name in phases.ALL:
+    for name in PHASES:
         PHASE.labels(namespace, service, name).set(1 if name == phase else 0)
 
 
