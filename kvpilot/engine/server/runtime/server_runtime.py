@@ -10,22 +10,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from kvpilot.engine.metrics.stats_contract import FAILURE_REASONS
 from kvpilot.engine.server.http.errors import APIError
-from kvpilot.engine.server.http.request_guard import DEFAULT_BODY_TIMEOUT_SECONDS, DEFAULT_MAX_BODY_BYTES
 from kvpilot.engine.server.runtime.admission import Admission, not_ready_error
 from kvpilot.engine.server.runtime.engine_loop import EngineLoop
-from kvpilot.engine.server.runtime.faults import FaultInjector, FaultSettings
-from kvpilot.engine.server.runtime.idempotency import DEFAULT_MAX_BYTES, IdempotencyStore
+from kvpilot.engine.server.runtime.faults import FaultInjector
+from kvpilot.engine.server.runtime.idempotency import IdempotencyStore
 from kvpilot.engine.server.runtime.result_log import ResultLog
+from kvpilot.engine.server.runtime.settings import ServerSettings
 from kvpilot.engine.server.wire.detokenizer import WORK as DETOKENIZER_WORK
 from kvpilot.engine.server.wire.text_checks import longest_token_chars
-from kvpilot.engine.structured.compile_pool import COMPILE_TIMEOUT_SECONDS, CompilePool
-from kvpilot.engine.structured.compiler import CACHE_BYTES as GRAMMAR_CACHE_BYTES
-from kvpilot.engine.structured.compiler import MAX_GRAMMAR_BYTES
+from kvpilot.engine.structured.compile_pool import CompilePool
 
 log = logging.getLogger("kvpilot.server")
 
@@ -33,31 +30,6 @@ log = logging.getLogger("kvpilot.server")
 # its age: well under the sidecar's 2 s scrape timeout, so a busy engine is never reported down.
 STATS_WAIT_SECONDS = 1.0
 CPU_WORKERS = 2  # tokenisation and chat templates, off the event loop
-
-
-@dataclass
-class ServerSettings:
-    """What the HTTP layer needs to know besides the engine itself."""
-
-    model_name: str
-    strategy: str
-    max_queue: int = 256
-    default_completion_max_tokens: int = 16  # /v1/completions default, as OpenAI's
-    idempotency_ttl_seconds: float = 600.0
-    idempotency_max_keys: int = 10_000
-    idempotency_max_bytes: int = DEFAULT_MAX_BYTES
-    max_concurrent_scores: int = 4
-    score_route: bool = True  # --no-score-route: no POST /v1/score
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS  # --body-timeout: a body must arrive within this
-    api_key: str | None = field(default=None, repr=False)
-    warmup: bool = True
-    faults: FaultSettings = field(default_factory=FaultSettings)  # test only
-    chat_template: str | None = None  # --chat-template: replaces the tokenizer's own
-    tool_call_parser: str = "auto"  # --tool-call-parser: auto (from the template) | hermes | llama3_json | none
-    grammar_compile_timeout: float = COMPILE_TIMEOUT_SECONDS  # --grammar-compile-timeout
-    grammar_cache_bytes: int = GRAMMAR_CACHE_BYTES  # --grammar-cache-bytes
-    max_grammar_bytes: int = MAX_GRAMMAR_BYTES  # --max-grammar-bytes
 
 
 class ServerRuntime:
@@ -106,8 +78,8 @@ class ServerRuntime:
         try:
             engine = self._factory()
             self.engine = engine
-            if self.settings.chat_template is not None:
-                engine.tokenizer.chat_template = self.settings.chat_template
+            if self.settings.chat_template_text is not None:
+                engine.tokenizer.chat_template = self.settings.chat_template_text
             compiler = engine.structured.compiler
             compiler.cache_bytes, compiler.max_grammar_bytes = (
                 self.settings.grammar_cache_bytes, self.settings.max_grammar_bytes,
