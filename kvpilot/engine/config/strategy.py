@@ -18,6 +18,13 @@ from dataclasses import replace
 from typing import Protocol
 
 from kvpilot.engine.config.model import ModelConfig
+from kvpilot.strategy_schema import ATTENTIONS as ATTENTIONS
+from kvpilot.strategy_schema import AUTO_QUANT_DTYPE as AUTO_QUANT_DTYPE
+from kvpilot.strategy_schema import CALIBRATED_ROPE_PAIRS, canonical_kv_dtype, short_dtype
+from kvpilot.strategy_schema import EIGHT_BIT_KV_DTYPES as QUANTISED
+from kvpilot.strategy_schema import ENGINE_KV_CACHE_DTYPES as KV_CACHE_DTYPES
+from kvpilot.strategy_schema import EVICTION_MODES as EVICTION_MODES
+from kvpilot.strategy_schema import MLA_ROPE_PAIRS as MLA_ROPE_PAIRS
 
 
 class EngineConfig(Protocol):
@@ -50,15 +57,9 @@ class EngineConfig(Protocol):
     head_utilization_every: int
     tensor_parallel_size: int
 
-ATTENTIONS = ("native", "gqa", "mla", "linear")
+# The vocabulary (ATTENTIONS, KV_CACHE_DTYPES, QUANTISED, EVICTION_MODES, MLA_ROPE_PAIRS, AUTO_QUANT_DTYPE)
+# is kvpilot/strategy_schema.py's, shared with the planner and the operator; re-exported here.
 GQA_FAMILIES = ("llama", "mistral", "qwen2")  # k_proj/v_proj per layer, HF repeat_kv grouping
-KV_CACHE_DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "float32", "int8", "fp8")
-QUANTISED = ("int8", "fp8")
-_CANONICAL = {"bf16": "bfloat16", "fp16": "float16"}
-_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-EVICTION_MODES = ("none", "sinks", "ladder")
-MLA_ROPE_PAIRS = ("auto", "high", "norm", "turn")  # strategies/mla/rope_select.py
-AUTO_QUANT_DTYPE = "int8"  # the 8-bit pool of kv_cache_dtype=auto (per-token scales: no calibration)
 
 
 def check_kv_strategy(config: EngineConfig) -> None:
@@ -99,7 +100,7 @@ def check_kv_strategy(config: EngineConfig) -> None:
 def kv_cache_kind(config: EngineConfig) -> str:
     """The cache the engine allocates: 'model' (compute dtype), 'float32'/'float16'/'bfloat16',
     'int8', 'fp8', or 'auto-switch' (16-bit and int8 pools)."""
-    name = _CANONICAL.get(config.kv_cache_dtype, config.kv_cache_dtype)
+    name = canonical_kv_dtype(config.kv_cache_dtype)
     if config.disable_kv_quant and (name in QUANTISED or name == "auto"):
         return "model"
     if name == "auto":
@@ -161,11 +162,11 @@ def strategy_label(config: EngineConfig, model_dtype: str) -> str:
         attention = f"{attention}{param[attention] or ''}"
     kind = kv_cache_kind(config)
     if kind == "model":
-        kv = _SHORT.get(model_dtype, model_dtype)
+        kv = short_dtype(model_dtype)
     elif kind == "auto-switch":
         kv = f"auto{config.kv_quant_auto_threshold}"
     else:
-        kv = _SHORT.get(kind, kind)
+        kv = short_dtype(kind)
     eviction = config.eviction  # e.g. native-bf16-sinks1024
     return f"{attention}-{kv}" + ("" if eviction == "none" else f"-{eviction}{config.eviction_window}")
 
@@ -268,7 +269,7 @@ def check_mla_rope(config: EngineConfig) -> None:
             f"mla_rope_dims={dims} must be an even number >= 0 (RoPE rotates dims in pairs), or unset for RoPE on "
             "every dim"
         )
-    if config.mla_rope_pairs in ("norm", "turn") and config.conversion_calibration is None:
+    if config.mla_rope_pairs in CALIBRATED_ROPE_PAIRS and config.conversion_calibration is None:
         raise ValueError(
             f"mla_rope_pairs={config.mla_rope_pairs!r} scores pairs on calibration text: set conversion_calibration"
         )
@@ -350,7 +351,7 @@ def check_model_strategy(config: EngineConfig, model_config: ModelConfig) -> Non
     check_mla_rope_model(config, model_config)
     kind = kv_cache_kind(config)
     mla = model_config.deepseek is not None or conversion_rank(config, model_config) is not None
-    if mla and kind in ("int8", "fp8", "auto-switch"):
+    if mla and (kind in QUANTISED or kind == "auto-switch"):
         raise ValueError(
             f"kv_cache_dtype {config.kv_cache_dtype!r} ({kind}) is not available for an MLA latent cache; "
             "use auto, float16, bfloat16 or float32, or pass --disable-kv-quant"

@@ -1,0 +1,153 @@
+"""The memory-strategy vocabulary, once: the engine's config, the planner, the operator and the CRD use it.
+
+Standard library only (the operator's image has no torch; the engine's config loads before torch). It holds
+the strategy names, the KV cache dtypes (canonical name, aliases, bytes per element, 8-bit or not), the
+fields of spec.strategy (type, range, default) and the `kvpilot serve` flag and EngineConfig field each one
+becomes. tests/unit/test_strategy_schema.py holds the CRD's enums, the serve parser and the planner to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+ATTENTIONS = ("native", "gqa", "mla", "linear")
+CALIBRATED_ATTENTIONS = ("gqa", "mla")  # the conversions calibration text fits
+EVICTION_MODES = ("none", "sinks", "ladder")
+MLA_ROPE_PAIRS = ("auto", "high", "norm", "turn")  # the engine's rules: strategies/mla/rope_select.py
+CALIBRATED_ROPE_PAIRS = ("norm", "turn")  # the rules that score RoPE pairs on calibration text
+BLOCK_SIZES = (8, 16, 32, 64, 128)  # spec.strategy.blockSize (the engine takes any power of two)
+ROLLBACK_SWITCHES = ("gqa", "mla", "linear", "kv-quant")  # spec.engine.disable: --disable-<name>
+
+
+@dataclass(frozen=True)
+class KVDtype:
+    """One kv_cache_dtype: the engine's canonical name, its other spellings and bytes per cached element."""
+
+    name: str  # the engine's (torch's) name
+    short: str  # labels (X-Model-Strategy) and, when in_spec, spec.strategy.kvCacheDtype and the planner
+    bytes: int | None  # per element; None: auto, the model's own dtype
+    aliases: tuple[str, ...] = ()  # other spellings `kvpilot serve --kv-cache-dtype` accepts
+    eight_bit: bool = False  # dequantised inside the attention kernels, with scales (kernels/kv_quant)
+    in_spec: bool = True  # offered by spec.strategy.kvCacheDtype and the planner
+
+
+KV_DTYPES = (
+    KVDtype("auto", "auto", None),
+    KVDtype("bfloat16", "bf16", 2, ("bf16",)),
+    KVDtype("float16", "fp16", 2, ("fp16",)),
+    KVDtype("float32", "fp32", 4, in_spec=False),
+    KVDtype("int8", "int8", 1, eight_bit=True),  # symmetric, per token and KV head scales
+    KVDtype("fp8", "fp8", 1, eight_bit=True),  # e4m3, per KV head scales
+)
+ENGINE_KV_CACHE_DTYPES = tuple(n for d in KV_DTYPES for n in (d.name, *d.aliases))  # EngineConfig.kv_cache_dtype
+SPEC_KV_CACHE_DTYPES = tuple(d.short for d in KV_DTYPES if d.in_spec)  # spec.strategy.kvCacheDtype, the planner
+EIGHT_BIT_KV_DTYPES = tuple(d.name for d in KV_DTYPES if d.eight_bit)
+AUTO_QUANT_DTYPE = "int8"  # the 8-bit pool of kv_cache_dtype=auto (per-token scales: no calibration)
+KV_SCALE_BYTES = 4  # an 8-bit cache's fp32 scale per token, layer and cached K or V head, as the planner counts it
+
+# Bytes per element of every dtype spelling a checkpoint's config.json may name (torch_dtype / dtype)
+DTYPE_BYTES: dict[str, int] = {
+    **{n: d.bytes for d in KV_DTYPES if d.bytes for n in (d.name, d.short, *d.aliases)},
+    "float": 4, "half": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
+}  # fmt: skip
+
+
+def kv_dtype(name: str) -> KVDtype:
+    """The KV dtype named `name` (canonical, alias or short), or ValueError naming the choices."""
+    for d in KV_DTYPES:
+        if name in (d.name, d.short, *d.aliases):
+            return d
+    raise ValueError(f"kv_cache_dtype {name!r} is not supported; choose one of {', '.join(ENGINE_KV_CACHE_DTYPES)}")
+
+
+def canonical_kv_dtype(name: str) -> str:
+    """The engine's name for a KV dtype spelling (bf16 -> bfloat16); an unknown name comes back as it is."""
+    return next((d.name for d in KV_DTYPES if name in (d.name, *d.aliases)), name)
+
+
+def short_dtype(name: str) -> str:
+    """The label spelling of a canonical dtype name (bfloat16 -> bf16); any other name comes back as it is."""
+    return next((d.short for d in KV_DTYPES if name == d.name), name)
+
+
+def spec_kv_dtype_flag(spec_name: str) -> str:
+    """spec.strategy.kvCacheDtype -> the `--kv-cache-dtype` value (torch's names for 16-bit: bf16 -> bfloat16)."""
+    if spec_name not in SPEC_KV_CACHE_DTYPES:
+        raise ValueError(
+            f"strategy.kvCacheDtype {spec_name!r} is not supported; choose one of {', '.join(SPEC_KV_CACHE_DTYPES)}"
+        )
+    return canonical_kv_dtype(spec_name)
+
+
+@dataclass(frozen=True)
+class StrategyField:
+    """One field of spec.strategy: its CRD key, type, range and default, and the serve flag it becomes."""
+
+    name: str  # StrategySpec's (and KVStrategy's) field
+    crd: str  # the key in spec.strategy / spec.canary.strategy
+    type: type  # int, float, str, or dict (an object)
+    default: Any = None  # the value when unset (None: no value)
+    crd_default: bool = True  # the CRD writes the default into stored objects (False: the operator's only)
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[Any, ...] | None = None
+    engine_field: str | None = None  # the EngineConfig field the flag sets (None: no flag)
+
+    @property
+    def flag(self) -> str | None:
+        """The `kvpilot serve` flag (config/arguments.py derives --field-name from EngineConfig's field)."""
+        return None if self.engine_field is None else "--" + self.engine_field.replace("_", "-")
+
+
+STRATEGY_FIELDS = (
+    StrategyField("attention", "attention", str, "native", choices=ATTENTIONS, engine_field="attention"),
+    StrategyField("kv_head_groups", "kvHeadGroups", int, minimum=1, maximum=256, engine_field="kv_head_groups"),
+    StrategyField("latent_rank", "latentRank", int, minimum=1, maximum=65536, engine_field="latent_rank"),
+    StrategyField("mla_rope_dims", "mlaRopeDims", int, minimum=2, maximum=1024, engine_field="mla_rope_dims"),
+    # No CRD default: it would enter every stored strategy and change the digest a promotion is keyed to
+    StrategyField("mla_rope_pairs", "mlaRopePairs", str, "auto", crd_default=False, choices=MLA_ROPE_PAIRS,
+                  engine_field="mla_rope_pairs"),
+    StrategyField("calibration", "calibration", dict, engine_field="conversion_calibration"),  # a mounted file
+    StrategyField("linear_window", "linearWindow", int, 64, minimum=0, maximum=65536, engine_field="linear_window"),
+    StrategyField("kv_cache_dtype", "kvCacheDtype", str, "auto", choices=SPEC_KV_CACHE_DTYPES,
+                  engine_field="kv_cache_dtype"),  # the value through spec_kv_dtype_flag
+    StrategyField("kv_quant_auto_threshold", "kvQuantAutoThreshold", int, minimum=1, maximum=65536,
+                  engine_field="kv_quant_auto_threshold"),
+    StrategyField("kv_quant_auto_split", "kvQuantAutoSplit", float, 0.5, minimum=0.05, maximum=0.95,
+                  engine_field="kv_quant_auto_split"),
+    StrategyField("fallback_reserve", "fallbackReserve", float, 0.1, minimum=0, maximum=0.9,
+                  engine_field="fallback_reserve"),
+    StrategyField("max_seq_len", "maxSeqLen", int, 4096, minimum=16, maximum=1048576, engine_field="max_model_len"),
+    StrategyField("block_size", "blockSize", int, 16, choices=BLOCK_SIZES, engine_field="block_size"),
+    StrategyField("eviction", "eviction", str, "none", choices=EVICTION_MODES, engine_field="eviction"),
+    StrategyField("max_num_batched_tokens", "maxNumBatchedTokens", int, 8192, minimum=256, maximum=1048576,
+                  engine_field="max_num_batched_tokens"),
+)
+CALIBRATION_FIELDS = (  # spec.strategy.calibration: a ConfigMap key the engine reads as a file
+    StrategyField("config_map", "configMap", str),
+    StrategyField("key", "key", str, "calibration.txt"),
+    StrategyField("tokens", "tokens", int, 2048, minimum=16, maximum=65536, engine_field="calibration_tokens"),
+)
+FIELDS = {f.name: f for f in STRATEGY_FIELDS}
+CRD_KEYS = {f.crd: f.name for f in STRATEGY_FIELDS}  # spec.strategy key -> field name
+CALIBRATION = {f.name: f for f in CALIBRATION_FIELDS}
+
+
+def default(name: str) -> Any:
+    """The default of spec.strategy's field `name` (snake_case)."""
+    return FIELDS[name].default
+
+
+def flag(name: str) -> str:
+    """The `kvpilot serve` flag of spec.strategy's field `name` (snake_case), or of calibration's `tokens`."""
+    field = FIELDS.get(name) or CALIBRATION.get(name)
+    if field is None or field.flag is None:
+        raise KeyError(f"spec.strategy field {name!r} has no kvpilot serve flag")
+    return field.flag
+
+
+def rollback_flag(switch: str) -> str:
+    """spec.engine.disable entry (one of ROLLBACK_SWITCHES, the CRD's enum) -> `kvpilot serve --disable-<switch>`
+    (EngineConfig.disable_<switch>, dashes as underscores)."""
+    return f"--disable-{switch}"
