@@ -29,7 +29,8 @@ Strategies (`KVStrategy.attention`): `native` (the model's own: MHA/GQA K/V head
 latent kv_lora_rank + qk_rope_head_dim, MiniMax's linear layers as fixed state); `gqa` with
 `kv_head_groups` = KV heads after merging; `mla` with `latent_rank` = width of the one cached
 latent per token and layer; `linear` = fixed fp32 state per layer + an exact window of
-`linear_window` tokens. `kv_cache_dtype`: auto (the model's dtype) | bf16 | fp16 | int8 | fp8;
+`linear_window` tokens. `kv_cache_dtype`: auto (the model's dtype) | bf16 | fp16 | int8 | fp8
+(kvpilot/strategy_schema.py holds the names, bytes and defaults the engine and operator share);
 int8/fp8 add one `scale_bytes` (fp32) scale per token, layer and cached K or V head vector.
 Wrong inputs raise `PlannerError` (a ValueError) whose message names the field and the allowed
 values; a plan that merely does not fit is returned with `feasible=False`.

@@ -12,9 +12,10 @@ from kvpilot.planner.model_shape import ModelShape
 from kvpilot.planner.pools import exact_sequence_bytes, extra_weight_bytes, split_pool
 from kvpilot.planner.strategy import KVFootprint, KVStrategy, kv_footprint
 from kvpilot.planner.units import human_bytes as hb
+from kvpilot.strategy_schema import default
 
 DEFAULT_WATERMARK = 0.8
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+DEFAULT_MAX_NUM_BATCHED_TOKENS = default("max_num_batched_tokens")  # spec.strategy.maxNumBatchedTokens
 DEFAULT_MAX_NUM_SEQS = 256
 
 

@@ -14,12 +14,12 @@ from kvpilot.planner.capacity import (
     max_seq_len_from_p95,
     plan_capacity,
 )
-from kvpilot.planner.dtypes import KV_CACHE_DTYPES
 from kvpilot.planner.errors import PlannerError
 from kvpilot.planner.gpus import GPU_PRODUCTS, gpu_spec
 from kvpilot.planner.model_shape import ModelShape
-from kvpilot.planner.strategy import ATTENTIONS, KVStrategy
+from kvpilot.planner.strategy import KVStrategy
 from kvpilot.planner.table import format_plan
+from kvpilot.strategy_schema import ATTENTIONS, SPEC_KV_CACHE_DTYPES, default
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,17 +28,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--model", type=Path, help="a checkpoint directory (config.json, *.safetensors)")
     parser.add_argument("--gpu", required=True, help=f"GPU product label, one of: {', '.join(GPU_PRODUCTS)}")
     parser.add_argument("--gpus", type=_positive_int, default=1, help="GPUs per replica (tensor parallel)")
-    parser.add_argument("--attention", choices=ATTENTIONS, default="native")
+    parser.add_argument("--attention", choices=ATTENTIONS, default=default("attention"))
     parser.add_argument("--kv-head-groups", type=_positive_int, help="gqa: KV heads after merging")
     parser.add_argument("--latent-rank", type=_positive_int, help="mla: width of the cached latent")
     parser.add_argument("--mla-rope-dims", type=int,
                         help="mla conversion: exact RoPE dims per KV head cached beside the latent (partial RoPE)")
-    parser.add_argument("--linear-window", type=int, default=64, help="linear: exact recent window (tokens)")
-    parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
+    parser.add_argument("--linear-window", type=int, default=default("linear_window"), help="linear: exact recent window (tokens)")
+    parser.add_argument("--kv-cache-dtype", choices=SPEC_KV_CACHE_DTYPES, default=default("kv_cache_dtype"))
     length = parser.add_mutually_exclusive_group()
     length.add_argument("--max-seq-len", type=_positive_int, help="longest request (prompt + output), tokens")
     length.add_argument("--p95-tokens", type=_positive_int, help="P95 request length; max_seq_len = +20%%")
-    parser.add_argument("--block-size", type=_power_of_two, default=16)
+    parser.add_argument("--block-size", type=_power_of_two, default=default("block_size"))
     parser.add_argument("--max-num-batched-tokens", type=_positive_int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
     parser.add_argument("--max-num-seqs", type=_positive_int, default=DEFAULT_MAX_NUM_SEQS)
     parser.add_argument("--watermark", type=_share, default=DEFAULT_WATERMARK)

@@ -1,34 +1,23 @@
-"""Byte widths of weight and KV-cache dtypes."""
+"""Byte widths of weight and KV-cache dtypes (the names and bytes are kvpilot/strategy_schema.py's)."""
 
 from __future__ import annotations
 
 from kvpilot.planner.errors import PlannerError
-
-KV_CACHE_DTYPES = ("auto", "bf16", "fp16", "int8", "fp8")
-
-# Quantised KV stores one scale per (token, KV head) for K and for V: fp32 by default.
-QUANTISED_KV_DTYPES = frozenset({"int8", "fp8"})
-DEFAULT_SCALE_BYTES = 4
-
-_KV_BYTES = {"bf16": 2, "fp16": 2, "int8": 1, "fp8": 1}
-
-_WEIGHT_BYTES = {
-    "float32": 4, "fp32": 4, "float": 4,
-    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
-    "int8": 1, "fp8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
-}
+from kvpilot.strategy_schema import DTYPE_BYTES, kv_dtype
+from kvpilot.strategy_schema import SPEC_KV_CACHE_DTYPES as KV_CACHE_DTYPES
 
 
 def kv_dtype_bytes(kv_cache_dtype: str, model_dtype_bytes: int) -> int:
     """Bytes per cached element. `auto` plans with the model's own precision (its widest case)."""
     if kv_cache_dtype == "auto":
         return model_dtype_bytes
-    try:
-        return _KV_BYTES[kv_cache_dtype]
-    except KeyError:
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise PlannerError(
             f"kv_cache_dtype {kv_cache_dtype!r} is not supported; choose one of {', '.join(KV_CACHE_DTYPES)}"
-        ) from None
+        )
+    size = kv_dtype(kv_cache_dtype).bytes
+    assert size is not None  # only auto has none
+    return size
 
 
 def weight_dtype_bytes(name: str | None) -> int:
@@ -37,8 +26,8 @@ def weight_dtype_bytes(name: str | None) -> int:
         return 2
     key = str(name).removeprefix("torch.").lower()
     try:
-        return _WEIGHT_BYTES[key]
+        return DTYPE_BYTES[key]
     except KeyError:
         raise PlannerError(
-            f"model dtype {name!r} is not known; expected one of {', '.join(sorted(_WEIGHT_BYTES))}"
+            f"model dtype {name!r} is not known; expected one of {', '.join(sorted(DTYPE_BYTES))}"
         ) from None

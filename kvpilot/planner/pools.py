@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from kvpilot.planner.model_shape import ModelShape
 from kvpilot.planner.strategy import KVStrategy, kv_footprint, rope_dims
+from kvpilot.strategy_schema import EIGHT_BIT_KV_DTYPES
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ def is_lossy(model: ModelShape, strategy: KVStrategy) -> bool:
     """Whether the engine serves this strategy approximately with an exact path to fall back to."""
     converted_mla = strategy.attention == "mla" and model.mla is None
     merged = strategy.attention == "gqa" and (strategy.kv_head_groups or 0) < model.num_kv_heads
-    return strategy.kv_cache_dtype in ("int8", "fp8") or converted_mla or merged or strategy.attention == "linear"
+    return strategy.kv_cache_dtype in EIGHT_BIT_KV_DTYPES or converted_mla or merged or strategy.attention == "linear"
 
 
 def exact_sequence_bytes(model: ModelShape, strategy: KVStrategy, max_seq_len: int) -> int:

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvpilot.planner.dtypes import (
-    DEFAULT_SCALE_BYTES,
-    KV_CACHE_DTYPES,
-    QUANTISED_KV_DTYPES,
-    kv_dtype_bytes,
-)
+from kvpilot.planner.dtypes import KV_CACHE_DTYPES, kv_dtype_bytes
 from kvpilot.planner.errors import PlannerError
 from kvpilot.planner.model_shape import ModelShape
+from kvpilot.strategy_schema import ATTENTIONS as ATTENTIONS
+from kvpilot.strategy_schema import EIGHT_BIT_KV_DTYPES, KV_SCALE_BYTES, default
 
-ATTENTIONS = ("native", "gqa", "mla", "linear")
 LINEAR_STATE_BYTES = 4  # the recurrent state phi(K)^T V and its normaliser are kept in fp32
 
 
@@ -31,18 +27,18 @@ class KVStrategy:
       exact window of the last `linear_window` tokens' K/V.
     """
 
-    attention: str = "native"
+    attention: str = default("attention")
     kv_head_groups: int | None = None
     latent_rank: int | None = None
-    kv_cache_dtype: str = "auto"
-    block_size: int = 16
-    linear_window: int = 64
+    kv_cache_dtype: str = default("kv_cache_dtype")
+    block_size: int = default("block_size")
+    linear_window: int = default("linear_window")
     linear_feature_dim: int | None = None  # default: the model's head_dim
-    scale_bytes: int = DEFAULT_SCALE_BYTES
+    scale_bytes: int = KV_SCALE_BYTES
     # runtime validation's exact-path reserve, a share of the KV pool (lossy strategies; planner/pools.py)
-    fallback_reserve: float = 0.1
+    fallback_reserve: float = default("fallback_reserve")
     kv_quant_auto_threshold: int | None = None  # auto: int8 blocks for new sequences at this batch size
-    kv_quant_auto_split: float = 0.5  # auto: share of the KV pool for 16-bit blocks
+    kv_quant_auto_split: float = default("kv_quant_auto_split")  # auto: share of the KV pool for 16-bit blocks
     # gqa/mla converted with a calibration set (the engine's conversion_calibration); a calibrated
     # GQA conversion with a reserve also keeps every layer's original o_proj (planner/pools.py)
     calibrated: bool = False
@@ -103,7 +99,7 @@ class KVFootprint:
 def kv_footprint(model: ModelShape, strategy: KVStrategy) -> KVFootprint:
     """Bytes per token (all layers, K and V, scales included) and fixed bytes per sequence."""
     elem = kv_dtype_bytes(strategy.kv_cache_dtype, model.dtype_bytes)
-    scale = strategy.scale_bytes if strategy.kv_cache_dtype in QUANTISED_KV_DTYPES else 0
+    scale = strategy.scale_bytes if strategy.kv_cache_dtype in EIGHT_BIT_KV_DTYPES else 0
     if strategy.attention == "linear":
         return _linear(model, strategy, elem, scale)
     vectors, width = _cached_vectors(model, strategy)  # per full layer and token: vectors x width
