@@ -12,6 +12,9 @@ from typing import Any
 from kvpilot.operator.autoscaling.spec import AutoscalingSpec
 from kvpilot.operator.pod_overrides import ContainerResources, DisruptionBudget, PodOverrides
 from kvpilot.planner import KVStrategy
+from kvpilot.strategy_schema import CALIBRATED_ATTENTIONS as CALIBRATED_ATTENTIONS
+from kvpilot.strategy_schema import CALIBRATION, CRD_KEYS, default
+from kvpilot.strategy_schema import MLA_ROPE_PAIRS as MLA_ROPE_PAIRS
 
 
 @dataclass(frozen=True)
@@ -27,10 +30,8 @@ class ModelRef:
     credentials_secret: str = ""  # spec.model.credentialsSecretRef: the source's login
 
 
-DEFAULT_CALIBRATION_KEY = "calibration.txt"
-DEFAULT_CALIBRATION_TOKENS = 2048
-MLA_ROPE_PAIRS = ("auto", "high", "norm", "turn")  # the engine's rules (strategies/mla/rope_select.py)
-CALIBRATED_ATTENTIONS = ("gqa", "mla")  # the conversions calibration text fits
+DEFAULT_CALIBRATION_KEY: str = CALIBRATION["key"].default
+DEFAULT_CALIBRATION_TOKENS: int = CALIBRATION["tokens"].default
 
 
 @dataclass(frozen=True)
@@ -53,23 +54,24 @@ class CalibrationRef:
 class StrategySpec:
     """spec.strategy: the memory strategy of the stable track."""
 
-    attention: str = "native"
+    # Fields, CRD keys and defaults: kvpilot/strategy_schema.py's STRATEGY_FIELDS (the CRD's, the planner's)
+    attention: str = default("attention")
     kv_head_groups: int | None = None
     latent_rank: int | None = None
-    linear_window: int = 64
-    kv_cache_dtype: str = "auto"
-    max_seq_len: int = 4096
-    block_size: int = 16
-    eviction: str = "none"
-    max_num_batched_tokens: int = 8192
+    linear_window: int = default("linear_window")
+    kv_cache_dtype: str = default("kv_cache_dtype")
+    max_seq_len: int = default("max_seq_len")
+    block_size: int = default("block_size")
+    eviction: str = default("eviction")
+    max_num_batched_tokens: int = default("max_num_batched_tokens")
     kv_quant_auto_threshold: int | None = None  # kvCacheDtype auto: int8 blocks from this batch size
-    kv_quant_auto_split: float = 0.5
-    fallback_reserve: float = 0.1  # runtime validation's exact-path reserve (share of the KV pool)
+    kv_quant_auto_split: float = default("kv_quant_auto_split")
+    fallback_reserve: float = default("fallback_reserve")  # runtime validation's exact-path share of the pool
     calibration: CalibrationRef | None = None
     mla_rope_dims: int | None = None  # mla conversion: dims per KV head that keep RoPE (partial RoPE)
     # The CRD gives this no default: a default would appear in every stored object's strategy and change
     # the digest a promotion's override is keyed to (reconcile/tracks.py), reverting promoted services.
-    mla_rope_pairs: str = "auto"
+    mla_rope_pairs: str = default("mla_rope_pairs")
 
     @property
     def active_calibration(self) -> CalibrationRef | None:
@@ -260,7 +262,7 @@ class ServiceSpec:
     def from_dict(cls, spec: Mapping[str, Any], namespace: str = "") -> ServiceSpec:
         model = spec.get("model") or {}
         ref = model.get("configMapRef") or {}
-        strategy = {_snake(k): v for k, v in (spec.get("strategy") or {}).items()}
+        strategy = {CRD_KEYS[k]: v for k, v in (spec.get("strategy") or {}).items() if k in CRD_KEYS}
         strategy["calibration"] = CalibrationRef.from_dict(strategy.get("calibration"))
         engine = spec.get("engine") or {}
         resources = spec.get("resources") or {}
@@ -301,7 +303,3 @@ def _secret_ref(raw: Mapping[str, Any] | None) -> SecretKeyRef | None:
     if not raw or not raw.get("name"):
         return None
     return SecretKeyRef(name=str(raw["name"]), key=str(raw.get("key") or SecretKeyRef.key))
-
-
-def _snake(name: str) -> str:
-    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name)

@@ -20,6 +20,7 @@ from typing import Any
 from kvpilot.operator.reconcile.preflight import preflight
 from kvpilot.operator.spec import ServiceSpec
 from kvpilot.planner import CapacityPlan, ModelShape, PlannerError
+from kvpilot.strategy_schema import CRD_KEYS, EIGHT_BIT_KV_DTYPES
 
 KV_SIGNALS = ("kvCacheUsage", "concurrency")
 MIN_GAIN = 1.2  # a candidate must raise the concurrency per replica by at least 20 % to be worth a canary
@@ -72,7 +73,7 @@ def candidates(spec: ServiceSpec, model_config: Mapping[str, Any]) -> list[Candi
     strategy = spec.strategy
     shape = ModelShape.from_hf_config(model_config)
     out: list[Candidate] = []
-    if strategy.kv_cache_dtype not in ("int8", "fp8"):
+    if strategy.kv_cache_dtype not in EIGHT_BIT_KV_DTYPES:
         out.append(Candidate({"kvCacheDtype": "int8"}, "an int8 KV cache (per-channel scales)"))
     kv_heads = strategy.kv_head_groups if strategy.attention == "gqa" and strategy.kv_head_groups else shape.num_kv_heads
     if strategy.attention in ("native", "gqa") and shape.mla is None and kv_heads and kv_heads % 2 == 0 and kv_heads > 1:
@@ -85,10 +86,8 @@ def candidates(spec: ServiceSpec, model_config: Mapping[str, Any]) -> list[Candi
 
 
 def _with(spec: ServiceSpec, override: Mapping[str, Any]) -> ServiceSpec:
-    names = {"kvCacheDtype": "kv_cache_dtype", "attention": "attention", "kvHeadGroups": "kv_head_groups",
-             "latentRank": "latent_rank"}
     return dataclasses.replace(spec, strategy=dataclasses.replace(
-        spec.strategy, **{names[k]: v for k, v in override.items()}))
+        spec.strategy, **{CRD_KEYS[k]: v for k, v in override.items()}))
 
 
 def propose(spec: ServiceSpec, model_config: Mapping[str, Any], current: CapacityPlan, replicas: int) -> Proposal | None:

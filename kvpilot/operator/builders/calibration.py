@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvpilot.operator.spec import CalibrationRef, StrategySpec
+from kvpilot.strategy_schema import flag
 
 CALIBRATION_DIR = "/etc/kvpilot/calibration"
 VOLUME = "calibration"
@@ -29,7 +30,8 @@ def conversion_flags(strategy: StrategySpec) -> list[str]:
     flags: list[str] = []
     ref = strategy.active_calibration
     if ref is not None:
-        flags += ["--conversion-calibration", calibration_file(ref), "--calibration-tokens", str(ref.tokens)]
+        flags += [flag("calibration"), calibration_file(ref), flag("tokens"), str(ref.tokens)]
     if strategy.active_mla_rope_dims is not None:
-        flags += ["--mla-rope-dims", str(strategy.active_mla_rope_dims), "--mla-rope-pairs", strategy.mla_rope_pairs]
+        flags += [flag("mla_rope_dims"), str(strategy.active_mla_rope_dims), flag("mla_rope_pairs"),
+                  strategy.mla_rope_pairs]
     return flags

@@ -8,6 +8,7 @@ from kvpilot.operator.builders.security import API_KEY_FILE
 from kvpilot.operator.spec import ServiceSpec, StrategySpec
 from kvpilot.planner import CapacityPlan
 from kvpilot.storage.uri import FORMS, BadModelUri, is_remote, parse
+from kvpilot.strategy_schema import flag, rollback_flag, spec_kv_dtype_flag
 
 
 class UnsupportedModelUri(ValueError):
@@ -36,33 +37,32 @@ def pvc_claim(uri: str) -> str | None:
     return uri.removeprefix("pvc://").partition("/")[0] if uri.startswith("pvc://") else None
 
 
-# spec.strategy.kvCacheDtype -> `kvpilot serve --kv-cache-dtype` (torch dtype names for 16-bit)
-_KV_DTYPE_FLAG = {"auto": "auto", "bf16": "bfloat16", "fp16": "float16", "int8": "int8", "fp8": "fp8"}
 DRAIN_MARGIN_SECONDS = 15  # the pod's grace period minus this is the engine's --shutdown-grace
 
 
 def strategy_flags(strategy: StrategySpec) -> list[str]:
-    """Flags of `kvpilot serve` for the memory strategy; parameters only for the chosen attention."""
-    flags = ["--attention", strategy.attention]
+    """Flags of `kvpilot serve` for the memory strategy; parameters only for the chosen attention.
+    Each field's flag is kvpilot/strategy_schema.py's (the EngineConfig field it sets)."""
+    flags = [flag("attention"), strategy.attention]
     if strategy.attention == "gqa" and strategy.kv_head_groups:
-        flags += ["--kv-head-groups", str(strategy.kv_head_groups)]
+        flags += [flag("kv_head_groups"), str(strategy.kv_head_groups)]
     if strategy.attention == "mla" and strategy.latent_rank:
-        flags += ["--latent-rank", str(strategy.latent_rank)]
+        flags += [flag("latent_rank"), str(strategy.latent_rank)]
     flags += conversion_flags(strategy)  # calibration text (gqa, mla) and partial RoPE (mla)
     if strategy.attention == "linear":
-        flags += ["--linear-window", str(strategy.linear_window)]
+        flags += [flag("linear_window"), str(strategy.linear_window)]
     if strategy.eviction != "none":
-        flags += ["--eviction", strategy.eviction]
+        flags += [flag("eviction"), strategy.eviction]
     if strategy.kv_cache_dtype == "auto" and strategy.kv_quant_auto_threshold is not None:
-        flags += ["--kv-quant-auto-threshold", str(strategy.kv_quant_auto_threshold),
-                  "--kv-quant-auto-split", str(strategy.kv_quant_auto_split)]
-    flags += ["--fallback-reserve", str(strategy.fallback_reserve)]  # the share the planner reserved
+        flags += [flag("kv_quant_auto_threshold"), str(strategy.kv_quant_auto_threshold),
+                  flag("kv_quant_auto_split"), str(strategy.kv_quant_auto_split)]
+    flags += [flag("fallback_reserve"), str(strategy.fallback_reserve)]  # the share the planner reserved
     return [
         *flags,
-        "--kv-cache-dtype", _KV_DTYPE_FLAG[strategy.kv_cache_dtype],
-        "--max-model-len", str(strategy.max_seq_len),
-        "--block-size", str(strategy.block_size),
-        "--max-num-batched-tokens", str(strategy.max_num_batched_tokens),
+        flag("kv_cache_dtype"), spec_kv_dtype_flag(strategy.kv_cache_dtype),  # bf16 -> bfloat16
+        flag("max_seq_len"), str(strategy.max_seq_len),
+        flag("block_size"), str(strategy.block_size),
+        flag("max_num_batched_tokens"), str(strategy.max_num_batched_tokens),
     ]
 
 
@@ -84,7 +84,7 @@ def engine_args(spec: ServiceSpec, plan: CapacityPlan, served_name: str = "") ->
     grace = max(1, spec.engine.termination_grace_period_seconds - DRAIN_MARGIN_SECONDS)
     args += ["--max-num-seqs", str(plan.max_concurrency), "--strategy-name", plan.strategy,
              "--shutdown-grace", str(grace)]
-    args += [f"--disable-{name}" for name in spec.engine.disable]
+    args += [rollback_flag(name) for name in spec.engine.disable]
     if spec.engine.api_key_secret:  # a file from the mounted Secret: a flag value would show in the spec
         args += ["--api-key-file", API_KEY_FILE]
     return args + list(spec.engine.args)

@@ -6,8 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvpilot.operator.pod_overrides import conflicts
-from kvpilot.operator.spec import MLA_ROPE_PAIRS, ServiceSpec
+from kvpilot.operator.spec import ServiceSpec
 from kvpilot.planner import CapacityPlan, ModelShape, PlannerError, gpu_spec, plan_capacity
+from kvpilot.strategy_schema import CALIBRATED_ROPE_PAIRS, MLA_ROPE_PAIRS
 
 
 class StrategyRefused(PlannerError):
@@ -20,7 +21,7 @@ def check_strategy(spec: ServiceSpec) -> None:
     if strategy.mla_rope_pairs not in MLA_ROPE_PAIRS:
         raise StrategyRefused(f"strategy.mlaRopePairs {strategy.mla_rope_pairs!r} is not a rule; choose one of "
                               f"{', '.join(MLA_ROPE_PAIRS)}")
-    rope_needs_text = strategy.mla_rope_pairs in ("norm", "turn")
+    rope_needs_text = strategy.mla_rope_pairs in CALIBRATED_ROPE_PAIRS
     if strategy.active_mla_rope_dims is not None and rope_needs_text and strategy.active_calibration is None:
         raise StrategyRefused(
             f"strategy.mlaRopePairs {strategy.mla_rope_pairs} scores RoPE pairs on calibration text: set "
