@@ -11,13 +11,13 @@ import torch
 
 from kvpilot.engine.config import EngineConfig, ModelConfig
 from kvpilot.engine.config.strategy import check_model_strategy
+from kvpilot.engine.core.reserve import build_block_manager, sequence_blocks
 from kvpilot.engine.core.scheduler import Scheduler, SchedulerOutput
 from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.metrics.stats import EngineStats, build_feed, kv_occupancy
 from kvpilot.engine.sampling_params import SamplingParams
 from kvpilot.engine.step_hooks import StepHooks
 from kvpilot.engine.stop_matcher import StopAutomaton, automaton
-from kvpilot.engine.strategies.fallback.reserve import build_block_manager, sequence_blocks
 from kvpilot.engine.strategies.kv_quant.pools import kv_feed
 from kvpilot.engine.structured.matchers import StructuredOutput
 from kvpilot.engine.tokenizer import Tokenizer
@@ -73,8 +73,9 @@ class LLMEngine:
         # a recurrent state cannot start from a cached prefix: it is built from token 0
         self.prefix_caching = config.enable_prefix_caching and self.runner.linear_state is None
         self.block_manager = build_block_manager(  # two pools: auto switching, or a fallback reserve
-            config, self.runner, self.prefix_caching
-        )
+            config, self.runner.kv_pool_sizes, self.runner.kv_layout.kind == "auto-switch",
+            self.runner.strategies.shares_blocks(self.runner), self.prefix_caching,
+        )  # fmt: skip
         self.max_model_len = self._max_model_len()
         self.scheduler = Scheduler(
             self.block_manager,
@@ -439,11 +440,11 @@ class LLMEngine:
             "device": runner.device.type,
             "ready": self.ready,
             "kv_cache_dtype": kv.kv_cache_dtype,  # the dtype new sequences get now
-            "mla": runner.mla.stats(),  # mode, latent width, SVD reconstruction error
         }
-        linear = runner.linear_state.stats() if runner.linear_state is not None else None  # summary hits/misses
+        sections = runner.strategies.feed(runner)  # each strategy's sections: engine.mla, linear
+        info.update({k.removeprefix("engine."): sections.pop(k) for k in list(sections) if k.startswith("engine.")})
         return build_feed(
             self.stats_state, info, self.block_manager, self.scheduler, runner.bytes_per_block, memory,
-            sequences_by_dtype=kv.sequences_by_dtype, kv_used=kv.used_bytes, linear=linear,
+            sequences_by_dtype=kv.sequences_by_dtype, kv_used=kv.used_bytes, **sections,
             **self.checks.feed_sections(),
         )  # fmt: skip

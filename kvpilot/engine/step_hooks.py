@@ -1,31 +1,25 @@
 """What the engine does around each step for long context and the mission metrics.
 
 One object so the engine needs three hook calls: `before_run` (arm validation and head-utilisation
-capture), `after_step` (validate, fall back, evict) and `feed_sections` (their stats). It holds THE list
-of runtime checks, one per active approximation (eviction, 8-bit KV, Performer, MLA conversion).
+capture), `after_step` (validate, fall back, then each strategy's `after_step`: eviction) and
+`feed_sections` (their stats). THE list of runtime checks comes from the strategy registry
+(strategies/registry.py), one per active approximation (eviction, 8-bit KV, Performer, MLA, GQA).
 With the defaults (no eviction, no approximation active) validation has no check to run and
 eviction drops nothing, so the engine's outputs are exactly those without this object.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from kvpilot.engine.config import EngineConfig
-from kvpilot.engine.core.pools import PooledBlockManager
+from kvpilot.engine.core.reserve import reserve_feed
 from kvpilot.engine.core.scheduler import Scheduler, SchedulerOutput
-from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.metrics.head_utilization import HeadUtilizationSampler
 from kvpilot.engine.metrics.stats_contract import FALLBACK_REASONS
-from kvpilot.engine.strategies.eviction.check import EvictionCheck, check_pool_fits, eviction_policy
-from kvpilot.engine.strategies.eviction.policy import Evictor
-from kvpilot.engine.strategies.fallback.reserve import reserve_feed
-from kvpilot.engine.strategies.gqa.check import gqa_checks
-from kvpilot.engine.strategies.kv_quant.check import kv_quant_checks
-from kvpilot.engine.strategies.linear.check import linear_checks
-from kvpilot.engine.strategies.mla.check import mla_checks
+from kvpilot.engine.strategies.contract import BlockManagerLike, Requeue
 from kvpilot.engine.validation.runner import ApproximationCheck, ValidationRunner
+from kvpilot.engine.worker.model_runner import ModelRunner
 
 
 class StepHooks:
@@ -38,28 +32,18 @@ class StepHooks:
     def __init__(
         self,
         config: EngineConfig,
-        runner: Any,
-        block_manager: Any,
+        runner: ModelRunner,
+        block_manager: BlockManagerLike,
         scheduler: Scheduler,
         max_model_len: int,
-        requeue: Callable[[Sequence], None],
+        requeue: Requeue,
     ) -> None:
-        policy = eviction_policy(config)
-        bm = block_manager
-        manager_for = bm.manager_of if isinstance(bm, PooledBlockManager) else None  # the seq's own pool
-        self.evictor = Evictor(policy, bm, manager_for) if policy.enabled else None
-        if self.evictor is not None:
-            chunk = policy.window_blocks * bm.block_size
-            check_pool_fits(policy, bm, max_model_len, chunk)
-            scheduler.max_chunk_tokens = chunk  # a long prompt is evicted between chunks
-        evicting = self.evictor is not None
-        checks: list[ApproximationCheck] = [EvictionCheck(runner, bm, requeue)] if evicting else []
-        checks += kv_quant_checks(runner, bm, requeue)
-        checks += linear_checks(runner, bm, requeue, evicting)
-        checks += mla_checks(runner, bm, requeue)
-        checks += gqa_checks(runner, config, bm, requeue)
+        self.strategies = runner.strategies  # the registry: each strategy's runtime part, in its order
+        self.strategies.attach(block_manager, scheduler, max_model_len)  # eviction bounds prefill chunks
+        self.evictor = self.strategies.eviction.evictor  # None without eviction
+        checks = self.strategies.checks(runner, block_manager, requeue)  # THE list of runtime checks
         self.validation = ValidationRunner(config, runner, checks)
-        self.block_manager = bm
+        self.block_manager = block_manager
         layers = runner.model.attention_layers()
         self.head_utilization = HeadUtilizationSampler(layers, config.head_utilization_every)
 
@@ -75,9 +59,7 @@ class StepHooks:
     def after_step(self, out: SchedulerOutput) -> None:
         self.head_utilization.after_step()
         self.validation.after_step()
-        if self.evictor is not None:
-            for item in out.scheduled:
-                self.evictor.evict(item.seq)
+        self.strategies.after_step(out)  # eviction drops what fell out of its window
 
     def feed_sections(self) -> dict[str, Any]:
         """Their sections of the stats feed: validation counters and gqa_head_utilization."""

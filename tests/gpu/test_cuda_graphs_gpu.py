@@ -25,7 +25,7 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 MAX_SEQS = 24
 # 8-bit caches with and without the 16-bit fallback reserve (the default, 0.1): both capture; with a reserve the
-# graphs run the 8-bit pool's rebased block ids (kv_quant/layer.split_step), reserve steps run eagerly
+# graphs run the 8-bit pool's rebased block ids (layers/pool_split.split_step), reserve steps run eagerly
 KV = {"bf16": {}, "int8": {"kv_cache_dtype": "int8", "fallback_reserve": 0.0},
       "fp8": {"kv_cache_dtype": "fp8", "fallback_reserve": 0.0},
       "int8-reserve": {"kv_cache_dtype": "int8"}, "fp8-reserve": {"kv_cache_dtype": "fp8"}}

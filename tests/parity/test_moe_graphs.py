@@ -14,11 +14,9 @@ import os
 
 import pytest
 
-from kvpilot.engine.worker.cuda_graphs import (
-    kernel_decoded_latent,
-    kernel_decoded_state,
-    runner_fallback_reason,
-)
+from kvpilot.engine.strategies.linear.strategy import kernel_decoded_state
+from kvpilot.engine.strategies.mla.strategy import kernel_decoded_latent
+from kvpilot.engine.worker.cuda_graphs import runner_fallback_reason
 from tests.helpers.deepseek import build_deepseek_checkpoint
 from tests.helpers.minimax import build_minimax_checkpoint
 from tests.parity.helpers import engine_greedy, make_engine

@@ -2,7 +2,7 @@
 
 A new request arrives on every step, so each due decode (every 4th completion token, every sequence
 sampled) shares its step with another request's prefill. Beside a fallback reserve (MLA and GQA
-conversions, strategies/fallback/split.py) the validated layer's attention is called once per pool part,
+conversions, layers/reserve_attention.py) the validated layer's attention is called once per pool part,
 prefill then decode, and its served rows must still be those of the sampled decode: the checks run (none
 skipped, nothing raised) and the cosine each records is the one of an exact or near-exact strategy.
 """

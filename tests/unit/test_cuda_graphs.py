@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import random
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,16 +19,15 @@ from kvpilot.engine.server.cli import add_arguments
 from kvpilot.engine.worker.cuda_graphs import (
     DecodeGraphs,
     StaticInputs,
-    _kv_kind,
     engine_fallback_reason,
     graph_batch_sizes,
     has_forward_hooks,
     pick_bucket,
+    runner_fallback_reason,
     step_fallback_reason,
     table_width,
     uncaptured_decode_graphs,
 )
-from kvpilot.engine.worker.kv_cache import KVLayout
 from tests.parity.helpers import engine_greedy
 
 pytestmark = pytest.mark.unit
@@ -67,27 +65,17 @@ def test_table_width_rounds_blocks_up_to_16() -> None:
     assert table_width(16384, 16) == 1024
 
 
-PLAIN = {"device_type": "cuda", "family": "llama", "kv_kind": "model", "eviction": "none", "plain_attention": True,
-         "latent_cache": False, "recurrent_state": False}
-
-
-def test_engine_fallback_plain_llama_captures() -> None:
-    assert engine_fallback_reason(**PLAIN) is None
-    for family in ("mistral", "qwen2", "deepseek_v2", "deepseek_v3", "minimax"):
-        assert engine_fallback_reason(**{**PLAIN, "family": family}) is None
-    for kind in ("bfloat16", "float16", "int8", "fp8"):
-        assert engine_fallback_reason(**{**PLAIN, "kv_kind": kind}) is None
+def test_engine_fallback_plain_families_capture() -> None:
+    for family in ("llama", "mistral", "qwen2", "deepseek_v2", "deepseek_v3", "minimax"):
+        assert engine_fallback_reason(device_type="cuda", family=family) is None
 
 
 @pytest.mark.parametrize(
     ("change", "words"),
-    [({"device_type": "cpu"}, "CUDA device"), ({"family": "gpt2"}, "family"), ({"family": "phi3"}, "family"),
-     ({"kv_kind": "auto-switch"}, "auto-switch"), ({"eviction": "sinks"}, "eviction"),
-     ({"eviction": "ladder"}, "eviction"), ({"latent_cache": True}, "MLA"), ({"recurrent_state": True}, "recurrent"),
-     ({"plain_attention": False}, "Performer")],
+    [({"device_type": "cpu"}, "CUDA device"), ({"family": "gpt2"}, "family"), ({"family": "phi3"}, "family")],
 )
 def test_engine_fallback_reasons(change: dict, words: str) -> None:
-    reason = engine_fallback_reason(**{**PLAIN, **change})
+    reason = engine_fallback_reason(**{"device_type": "cuda", "family": "llama", **change})
     assert reason is not None and words in reason
 
 
@@ -198,6 +186,22 @@ def test_cuda_graphs_flag_on_cpu_stays_eager(checkpoint) -> None:
     assert engine(checkpoint, cuda_graphs=True).runner.decode_graphs is None
 
 
+@pytest.mark.parametrize(
+    ("settings", "words"),
+    [({}, None), ({"kv_cache_dtype": "int8"}, None), ({"kv_cache_dtype": "fp8"}, None),
+     ({"kv_cache_dtype": "auto", "kv_quant_auto_threshold": 2}, "auto-switch"),
+     ({"eviction": "sinks", "eviction_sinks": 8, "eviction_window": 32}, "eviction"),
+     ({"attention": "linear"}, "recurrent"),
+     ({"attention": "gqa", "kv_head_groups": 1, "fallback_reserve": 0.0}, None),
+     ({"attention": "gqa", "kv_head_groups": 1, "fallback_reserve": 0.25}, "GQA conversion's fallback reserve")],
+)
+def test_each_strategy_says_whether_its_engine_replays_graphs(checkpoint, settings: dict, words: str | None) -> None:
+    """The strategies' graph_blocker, asked through the registry, on real CPU engines seen as on CUDA."""
+    runner = engine(checkpoint, **settings).runner
+    reason = runner_fallback_reason(runner, device_type="cuda")
+    assert (reason is None) if words is None else (reason is not None and words in reason), reason
+
+
 @pytest.mark.parametrize("kv", ["int8", "fp8"])
 def test_8bit_cache_with_a_reserve_is_graphed_over_its_8bit_pool(checkpoint, kv: str) -> None:
     """The 16-bit fallback reserve no longer refuses graphs (only a device would); the static block table
@@ -205,19 +209,10 @@ def test_8bit_cache_with_a_reserve_is_graphed_over_its_8bit_pool(checkpoint, kv:
     runner = engine(checkpoint, kv_cache_dtype=kv, fallback_reserve=0.25).runner
     n16, n8 = runner.kv_pool_sizes
     assert 0 < n16 < n8 and runner.first_approx_block == n16
-    reason = engine_fallback_reason(**{**PLAIN, "kv_kind": _kv_kind(runner)})
+    reason = runner_fallback_reason(runner, device_type="cuda")
     assert reason is None, reason
     max_len = min(runner.model_config.max_position_embeddings, n8 * 8)
     assert uncaptured_decode_graphs(runner).static.width == table_width(max_len, 8) > table_width(n16 * 8, 8)
-
-
-def test_a_conversion_reserve_still_refuses_graphs() -> None:
-    """A GQA conversion's unmerged reserve picks per-pool attention paths in Python: the engine stays eager."""
-    layout = KVLayout("model", torch.float32, None)
-    reason = engine_fallback_reason(**{**PLAIN, "kv_kind": _kv_kind(SimpleNamespace(kv_layout=layout,
-                                                                                     kv_pool_sizes=(5, 40)))})
-    assert reason is not None and "conversion's fallback reserve" in reason
-    assert _kv_kind(SimpleNamespace(kv_layout=layout, kv_pool_sizes=(40,))) == "model"
 
 
 @pytest.mark.parametrize("kv", ["auto", "int8", "fp8"])

@@ -131,3 +131,62 @@ def test_an_unknown_engine_attribute_names_what_is_exported():
 
     with pytest.raises(AttributeError, match="exports"):
         kvpilot.engine.NoSuchThing  # noqa: B018
+
+
+STRATEGIES = "kvpilot.engine.strategies"
+STRATEGY_PACKAGES = ("eviction", "gqa", "kv_quant", "linear", "mla")  # calibration/: shared load-time helpers
+# the four that once asked each strategy in turn: now they loop over the registry (strategies/registry.py)
+REGISTRY_USERS = ("kvpilot.engine.worker.model_runner", "kvpilot.engine.worker.kv_cache",
+                  "kvpilot.engine.worker.cuda_graphs", "kvpilot.engine.step_hooks")
+# what a registry user may still import from one strategy's package: the 8-bit layer the KV cache wires
+ALLOWED_DIRECT = {"kvpilot.engine.worker.kv_cache": {"kvpilot.engine.strategies.kv_quant.layer"}}
+
+
+def _strategy_node(module: str) -> str:
+    """strategies' own import graph by package: 'mla' for strategies.mla.*, 'contract' for the root module."""
+    return module.removeprefix(STRATEGIES + ".").split(".")[0]
+
+
+def test_strategies_packages_import_no_loop_and_only_the_registry_imports_them_all():
+    graph = _import_graph()
+    packages: dict[str, set[str]] = {}
+    for a, targets in graph.items():
+        if a.startswith(STRATEGIES + "."):
+            node = _strategy_node(a)
+            packages.setdefault(node, set()).update(
+                _strategy_node(b) for b in targets if b.startswith(STRATEGIES + ".") and _strategy_node(b) != node
+            )
+    assert _cycles({n: {t for t in ts if t in packages} for n, ts in packages.items()}) == []
+    importers = {n for n, ts in packages.items() if "registry" in ts}
+    assert importers == set(), f"only code above strategies/ imports the registry: {importers}"
+    for name in STRATEGY_PACKAGES:  # a strategy package imports the contract and shared helpers, no other strategy
+        assert packages[name] <= {"contract", "calibration"}, (name, packages[name])
+
+
+def test_each_strategy_declares_one_contract_and_the_registry_holds_each_once():
+    from kvpilot.engine.config import EngineConfig, ModelConfig
+    from kvpilot.engine.strategies.contract import MemoryStrategy
+    from kvpilot.engine.strategies.registry import Strategies
+
+    declared = {}
+    for name in STRATEGY_PACKAGES:
+        module = __import__(f"{STRATEGIES}.{name}.strategy", fromlist=["*"])
+        classes = [v for v in vars(module).values()
+                   if isinstance(v, type) and issubclass(v, MemoryStrategy) and v is not MemoryStrategy]
+        assert len(classes) == 1, (name, classes)
+        declared[classes[0].name] = classes[0]
+    checkpoint = ModelConfig.from_dict({"model_type": "llama", "num_attention_heads": 4, "hidden_size": 64,
+                                        "vocab_size": 128, "intermediate_size": 128, "num_hidden_layers": 2,
+                                        "num_key_value_heads": 2, "max_position_embeddings": 256})
+    registry = Strategies(EngineConfig(model="unused"), checkpoint)
+    assert sorted(type(s).__name__ for s in registry) == sorted(c.__name__ for c in declared.values())
+    assert [s.name for s in registry] == ["eviction", "kv_quant", "linear", "mla", "gqa"]
+    assert registry.enabled == []  # the defaults turn no strategy on
+
+
+def test_runner_kv_cache_graphs_and_step_hooks_reach_strategies_only_through_the_registry():
+    graph = _import_graph()
+    for module in REGISTRY_USERS:
+        direct = {b for b in graph[module] if b.startswith(STRATEGIES + ".")
+                  and _strategy_node(b) not in ("registry", "contract")}
+        assert direct <= ALLOWED_DIRECT.get(module, set()), (module, sorted(direct))

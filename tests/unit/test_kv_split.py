@@ -1,4 +1,4 @@
-"""A step's tokens by KV pool (strategies/kv_quant/layer.split_step) for two-pool caches: int8/fp8 with a
+"""A step's tokens by KV pool (layers/pool_split.split_step) for two-pool caches: int8/fp8 with a
 16-bit fallback reserve, auto switching. A step whose sequences are all in one pool takes the host-sync-free
 path (what CUDA graphs capture) and must equal the host split (split_by_pool) row for row; the runner
 counts the step's exact-pool sequences from its host block tables."""
@@ -14,10 +14,10 @@ from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.context import Context
 from kvpilot.engine.core.scheduler import ScheduledSeq, SchedulerOutput
 from kvpilot.engine.core.sequence import Sequence
+from kvpilot.engine.layers.pool_split import KVSplit, split_by_pool, split_step
 from kvpilot.engine.llm_engine import LLMEngine
 from kvpilot.engine.make_model import make_model
 from kvpilot.engine.sampling_params import SamplingParams
-from kvpilot.engine.strategies.kv_quant.layer import KVSplit, split_by_pool, split_step
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,7 @@ token's pool from its slot. Two uses, one mechanism:
 - `kv_cache_dtype=auto` switching (strategies/kv_quant): a 16-bit and an int8 pool; a new sequence
   takes 8-bit once the running batch n >= threshold, 16-bit again once n < threshold - hysteresis
   (hysteresis keeps a batch that hovers at the threshold from flipping every admission).
-- the fallback reserve (strategies/fallback): every new sequence takes the approximate pool (8-bit
+- the fallback reserve (core/reserve.py): every new sequence takes the approximate pool (8-bit
   K/V, an MLA latent, an evicting or Performer view); the exact pool is a bounded reserve for
   sequences that runtime validation moved to the exact path (`seq.exact_path`).
 In both, an `exact_path` sequence always takes the exact pool.
@@ -176,3 +176,6 @@ class PooledBlockManager:
         if name is None and seq.block_table:
             raise AssertionError(f"{seq.request_id} holds blocks {seq.block_table} but is bound to no pool")
         self.pools[name or POOL16].deallocate(seq)  # with no blocks this only resets seq's counters
+
+
+BlockManagerLike = BlockManager | PooledBlockManager  # what the engine holds: one pool or two

@@ -66,7 +66,7 @@ class StepCapture:
     """The validated layer's served attention output for a whole step, rows in the step's packed order.
 
     A layer's attention module is usually called once per step, over every packed token. Beside a fallback
-    reserve (strategies/fallback/split.py: MLA and GQA conversions) it is called once per converted pool part
+    reserve (layers/reserve_attention.py: MLA and GQA conversions) it is called once per converted pool part
     instead (prefill chunks, then decodes, each under a context of its own), and the reserve's rows are attended
     without it. So every call is kept, and the parts are put back at their rows from the step's split
     (`Context.kv_split`, read from the step's context, which a pre-hook on the model records).

@@ -11,23 +11,22 @@ the host (context splits from batch size and table width) are fixed per bucket.
 
 Replay skips the Python of forward, so a step falls back to eager whenever that Python would do
 something a graph cannot repeat (decided by inspection; when in doubt, eager):
-- the engine never captures (`engine_fallback_reason`):
-  - CPU (no CUDA graphs);
-  - model families other than llama / mistral / qwen2 / deepseek_v2 / deepseek_v3 / minimax;
-  - any attention layer that is not the plain paged `Attention`: Performer / linear conversion
-    (exact window + summary, per-sequence exact-path flags), native MLA decoded without absorption
-    (--disable-mla) and an MLA conversion decoded in torch (latent cache, per-step plans). Native
-    DeepSeek MLA with absorbed decode captures (`kernel_decoded_latent`): the store_latent and
-    mla_decode kernels, its MoE the fused_moe kernels (expert sort on the device, grid sized for the
-    worst routing). An MLA conversion whose decode is a kernel captures too (`kernel_decoded_conversion`):
-    partial RoPE through mla_decode, RoPE on every dim through the fused mla_conversion kernel (head
-    dims 32/64/128/256); nothing plans on the host;
-  - a recurrent linear state other than MiniMax's lightning layers (Performer conversions): MiniMax's
+- the engine never captures (`runner_fallback_reason`): on CPU, for model families other than
+  llama / mistral / qwen2 / deepseek_v2 / deepseek_v3 / minimax (`engine_fallback_reason`), and when
+  a memory strategy's `graph_blocker` says so (strategies/*/strategy.py, asked in registry order):
+  - eviction: resident views shrink and positions run ahead of context lengths;
+  - `kv_cache_dtype` auto switching (kv_quant): a step's layers take per-pool paths chosen on the host;
+  - linear: a Performer conversion (exact window + summary, per-sequence exact-path flags); MiniMax's
     lightning decode is one kernel over the state pool at the step's slots, which the static buffers
-    hold (`StaticInputs.linear_slots`; padded rows have slot -1, which the kernel skips);
-  - `kv_cache_dtype` auto switching, or a GQA conversion's fallback reserve (unmerged K/V blocks,
-    strategies/fallback/split.py): a step's layers take per-pool paths chosen on the host;
-  - eviction: resident views shrink and positions run ahead of context lengths.
+    hold (`StaticInputs.linear_slots`; padded rows have slot -1, which the kernel skips), so it captures;
+  - mla: a latent cache decoded in torch (native MLA with --disable-mla, an MLA conversion without a
+    decode kernel: per-step plans). Native DeepSeek MLA with absorbed decode captures
+    (`kernel_decoded_latent`): the store_latent and mla_decode kernels, its MoE the fused_moe kernels
+    (expert sort on the device, grid sized for the worst routing). An MLA conversion whose decode is a
+    kernel captures too (`kernel_decoded_conversion`): partial RoPE through mla_decode, RoPE on every
+    dim through the fused mla_conversion kernel (head dims 32/64/128/256); nothing plans on the host;
+  - gqa: a GQA conversion's fallback reserve (unmerged K/V blocks, layers/reserve_attention.py).
+  Last, any attention layer other than the paged `Attention` or `LatentAttention` keeps it eager.
 - a step runs eagerly (`step_fallback_reason`) when it has prefill chunks (prefill or mixed),
   a sequence in the exact pool of a two-pool cache (int8/fp8's 16-bit fallback reserve: the step
   is split by pool on the host), its batch exceeds the largest bucket, its block table is wider
@@ -39,7 +38,7 @@ something a graph cannot repeat (decided by inspection; when in doubt, eager):
 int8/fp8 with a fallback reserve capture: the graphs are captured for steps whose sequences are all
 in the 8-bit pool (`Context.exact_pool_seqs == 0`, counted on the host from the block tables), the
 common case; their 8-bit block ids and slots are rebased by the reserve's size on the device, inside
-the graph (kv_quant/layer.split_step), so the static buffers hold the engine's own ids. A step with
+the graph (layers/pool_split.split_step), so the static buffers hold the engine's own ids. A step with
 a sequence moved to the reserve by runtime validation runs eagerly until that sequence finishes.
 A kernel-decoded MLA conversion's fallback reserve (unconverted K/V blocks) is graphed the same way.
 A capture that fails leaves the engine eager (logged), as a refusal does.
@@ -53,7 +52,7 @@ from __future__ import annotations
 import bisect
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -61,12 +60,21 @@ from torch import nn
 from kvpilot.engine.context import Context, get_context, reset_context, set_context
 from kvpilot.engine.layers.attention import Attention
 from kvpilot.engine.layers.latent_attention import LatentAttention
+from kvpilot.engine.strategies.contract import RunnerView
+from kvpilot.engine.strategies.registry import Strategies
 
 log = logging.getLogger("kvpilot.engine.worker.cuda_graphs")
 
 GRAPH_FAMILIES = ("llama", "mistral", "qwen2", "deepseek_v2", "deepseek_v3", "minimax")
-GRAPH_KV_KINDS = ("model", "float32", "float16", "bfloat16", "int8", "fp8")
 TABLE_WIDTH_MULTIPLE = 16  # as the runner rounds decode block tables (one Triton specialisation)
+
+
+class ModelRunnerLike(RunnerView, Protocol):
+    """What the graphs read of the runner (worker/model_runner.ModelRunner, which builds them)."""
+
+    strategies: Strategies
+    block_size: int
+    decode_graphs: DecodeGraphs | None
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -92,31 +100,12 @@ def table_width(max_len: int, block_size: int) -> int:
     return -(-blocks // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE
 
 
-def engine_fallback_reason(
-    *,
-    device_type: str,
-    family: str,
-    kv_kind: str,
-    eviction: str,
-    plain_attention: bool,
-    latent_cache: bool,
-    recurrent_state: bool,
-) -> str | None:
-    """Why this engine never replays graphs (None: it captures them). See the module docstring."""
+def engine_fallback_reason(*, device_type: str, family: str) -> str | None:
+    """Why this device or model family never replays graphs (None: the strategies decide, below)."""
     if device_type != "cuda":
         return f"device {device_type}: CUDA graphs need a CUDA device"
     if family not in GRAPH_FAMILIES:
         return f"model family {family!r}: graphs are captured for {', '.join(GRAPH_FAMILIES)} only"
-    if kv_kind not in GRAPH_KV_KINDS:
-        return f"kv cache {kv_kind!r}: the step is split by pool on the host"
-    if eviction != "none":
-        return f"eviction {eviction!r}: resident views change the step's layout"
-    if latent_cache:
-        return "MLA latent cache: per-step decode plans on the host"
-    if recurrent_state:
-        return "recurrent linear-attention state of a Performer conversion: per-sequence exact-path flags"
-    if not plain_attention:
-        return "converted attention layers (Performer / MLA conversion): data-dependent forward"
     return None
 
 
@@ -192,7 +181,7 @@ class QueryTap:
             rotary.query_tap = None
 
 
-def query_tap(runner: Any) -> QueryTap | None:
+def query_tap(runner: ModelRunnerLike) -> QueryTap | None:
     """A tap on every layer gqa_head_utilization samples (`head_utilization_every` > 0, a 16-bit cache, a rotary
     of models/layers.RotaryEmbedding before a plain `Attention`); None elsewhere."""
     from kvpilot.engine.metrics.head_utilization import MAX_SAMPLED_SEQS, HeadUtilizationSampler
@@ -254,7 +243,7 @@ class OutputTap:
         self._handle.remove()
 
 
-def output_tap(runner: Any, rows: int) -> OutputTap | None:
+def output_tap(runner: ModelRunnerLike, rows: int) -> OutputTap | None:
     """The tap on the runtime-validated layer where its steps would otherwise run eagerly: an 8-bit cache
     (the check every such engine has), at a plain paged `Attention` layer; None elsewhere (no cost)."""
     layers = runner.model.attention_layers()
@@ -390,69 +379,26 @@ class DecodeGraphs:
         return self.outputs[:n]
 
 
-def kernel_decoded_conversion(runner: Any) -> bool:
-    """The MLA conversion whose decode is a Triton kernel over the latent rows with no per-step plan on
-    the host, so it can be captured: partial RoPE (mla_decode, absorbed, strategies/mla/partial.py), or
-    RoPE on every dim where the fused kernel fits the head (mla_conversion, strategies/mla/attention.py)."""
-    mla = getattr(runner, "mla", None)
-    if mla is None or mla.mode != "converted":
-        return False
-    if mla.absorbed_decode:
-        return True
-    from kvpilot.engine.strategies.mla.attention import fused_decode_fits
-
-    return fused_decode_fits(runner.model_config.head_dim, runner.dtype, runner.kv_layout.dtype)
-
-
-def kernel_decoded_latent(runner: Any) -> bool:
-    """Decode over a latent cache by kernels alone: native DeepSeek MLA absorbed (mla_decode), or an MLA
-    conversion decoded by a kernel (`kernel_decoded_conversion`)."""
-    mla = getattr(runner, "mla", None)
-    if mla is not None and mla.mode == "native":
-        return bool(mla.absorbed_decode)
-    return kernel_decoded_conversion(runner)
-
-
-def kernel_decoded_state(runner: Any) -> bool:
-    """Every recurrent-state layer is MiniMax's lightning attention (one decode kernel over the pool)."""
-    from kvpilot.engine.models.minimax import LightningAttention
-
-    state = runner.linear_state
-    return state is not None and all(type(layer) is LightningAttention for layer in state.layers)
-
-
-def _kv_kind(runner: Any) -> str:
-    kind = runner.kv_layout.kind
-    if not runner.kv_layout.is_quantised and len(runner.kv_pool_sizes) == 2 and not kernel_decoded_conversion(runner):
-        return f"{kind} with a conversion's fallback reserve pool"  # GQA's, or MLA's decoded in torch
-    # int8/fp8 and a kernel-decoded MLA conversion with a reserve capture: a step with no reserve sequence
-    # rebases block ids on the device (kv_quant/layer.split_step); one with a reserve sequence runs eagerly
-    return kind
-
-
-def graph_attention(runner: Any) -> bool:
+def graph_attention(runner: ModelRunnerLike) -> bool:
     """Every attention layer is one a graph can replay: the plain paged `Attention`, or latent attention
-    decoded by a kernel (native absorbed MLA, a kernel-decoded MLA conversion)."""
-    latent = kernel_decoded_latent(runner)
-    return all(type(m) is Attention or (latent and type(m) is LatentAttention)
-               for m in runner.model.attention_layers())  # fmt: skip
+    (whose strategy, MLA, refuses graphs itself unless a kernel decodes it)."""
+    return all(type(m) in (Attention, LatentAttention) for m in runner.model.attention_layers())
 
 
-def runner_fallback_reason(runner: Any, device_type: str | None = None) -> str | None:
-    """`engine_fallback_reason` for this runner (`device_type`: as a runner on that device would see it)."""
-    return engine_fallback_reason(
-        device_type=device_type or runner.device.type,
-        family=runner.model_config.family,
-        kv_kind=_kv_kind(runner),
-        eviction=runner.config.eviction,
-        plain_attention=graph_attention(runner),
-        latent_cache=runner.mla.latent_width is not None and not kernel_decoded_latent(runner),
-        recurrent_state=runner.linear_state is not None and not kernel_decoded_state(runner),
-    )
+def runner_fallback_reason(runner: ModelRunnerLike, device_type: str | None = None) -> str | None:
+    """Why this runner never replays graphs (None: it captures them; `device_type`: as a runner on that
+    device would see it): the device and model family, then each strategy's `graph_blocker` in registry
+    order (strategies/registry.py), then any attention layer a graph cannot replay."""
+    reason = engine_fallback_reason(device_type=device_type or runner.device.type, family=runner.model_config.family)
+    if reason is None:
+        reason = runner.strategies.graph_blocker(runner)
+    if reason is None and not graph_attention(runner):
+        reason = "converted attention layers: data-dependent forward"
+    return reason
 
 
 @torch.inference_mode()
-def build_decode_graphs(runner: Any) -> DecodeGraphs | None:  # a ModelRunner (importing it would cycle)
+def build_decode_graphs(runner: ModelRunnerLike) -> DecodeGraphs | None:
     """Capture the decode graphs for this runner, or log why it stays eager and return None. A capture
     that fails (an operation a graph cannot hold, e.g. a host sync) leaves the engine eager, with the
     error in the log, rather than failing its start."""
@@ -473,7 +419,7 @@ def build_decode_graphs(runner: Any) -> DecodeGraphs | None:  # a ModelRunner (i
     return graphs
 
 
-def uncaptured_decode_graphs(runner: Any) -> DecodeGraphs:
+def uncaptured_decode_graphs(runner: ModelRunnerLike) -> DecodeGraphs:
     """The runner's buckets and static buffers, nothing captured yet (CPU tests run them eagerly padded)."""
     config, mc = runner.config, runner.model_config
     # graphed steps run over the approximate pool only (the last pool; the only one without a reserve)

@@ -2,8 +2,9 @@
 
 One home for what the cache holds per token and layer: 16/32-bit K and V, an MLA latent row, or
 8-bit K/V with their scales (int8 / fp8, and the 16-bit + int8 pools of `kv_cache_dtype=auto`).
-`block_bytes` sizes the pool; `allocate_kv_cache` creates the tensors, hands each attention layer
-its slice, and returns a `KVCache` the runner holds.
+Each paged layer declares its page (`layer_specs`: core/cache_spec.py, from the strategies'
+`cache_spec`); `block_bytes` sums the pages to size the pool; `allocate_kv_cache` creates the tensors
+for that kind of page, hands each attention layer its slice, and returns a `KVCache` the runner holds.
 """
 
 from __future__ import annotations
@@ -15,13 +16,23 @@ from torch import nn
 
 from kvpilot.engine.config import EngineConfig, ModelConfig
 from kvpilot.engine.config.strategy import AUTO_QUANT_DTYPE, QUANTISED, kv_cache_kind
+from kvpilot.engine.core.cache_spec import (
+    INT8_SCALE_BYTES,
+    FullAttentionSpec,
+    KVCacheSpec,
+    LatentSpec,
+    QuantizedKVSpec,
+    block_bytes,
+    pool_kind,
+)
 from kvpilot.engine.kernels.kv_quant.layout import zeros_dim_major, zeros_token_contiguous
 from kvpilot.engine.kernels.kv_quant.reference import FP8_DTYPE
+from kvpilot.engine.strategies.contract import ConversionReserve, RunnerView
 from kvpilot.engine.strategies.kv_quant.layer import LayerKVQuant
+from kvpilot.engine.strategies.registry import Strategies
 from kvpilot.engine.worker.memory import DTYPES
 
 QUANT_DTYPES = {"int8": torch.int8, "fp8": FP8_DTYPE}
-INT8_SCALE_BYTES = 4  # fp32 scale per token and KV head, for K and for V
 
 
 @dataclass(frozen=True)
@@ -32,7 +43,7 @@ class KVLayout:
     dtype16: torch.dtype  # the unquantised pool's dtype
     quant: str | None  # 'int8' | 'fp8' for the 8-bit pool, None without one
     split: float = 0.5  # auto-switch: share of the KV memory for the 16-bit pool; int8/fp8: the 16-bit
-    # fallback reserve's share (0: none), strategies/fallback/reserve.py
+    # fallback reserve's share (0: none), core/reserve.py
 
     @property
     def dtype(self) -> torch.dtype:
@@ -53,10 +64,6 @@ class KVLayout:
         """One 8-bit block, all layers, K and V, with int8's per-token scales (fp8's are per layer)."""
         per_token = mc.head_dim + (INT8_SCALE_BYTES if self.quant == "int8" else 0)
         return 2 * num_kv_layers(mc) * block_size * mc.num_key_value_heads * per_token
-
-    def bytes_per_block(self, mc: ModelConfig, block_size: int) -> int:
-        """Bytes that size the pool: the 8-bit block for int8/fp8, else (auto too) the 16-bit block."""
-        return self.bytes8(mc, block_size) if self.kind in QUANTISED else self.bytes16(mc, block_size)
 
     def split_blocks(self, num_blocks: int, mc: ModelConfig, block_size: int) -> tuple[int, int]:
         """(16-bit blocks, 8-bit blocks) for a pool of num_blocks blocks of bytes_per_block each."""
@@ -95,24 +102,11 @@ def num_kv_layers(mc: ModelConfig) -> int:
     return mc.num_hidden_layers - (mc.hybrid.num_linear_layers if mc.hybrid is not None else 0)
 
 
-def latent_width_of(mc: ModelConfig, converted_width: int | None) -> int | None:
-    """Width of the MLA latent row cached per token and layer: the MLA conversion's rank, DeepSeek's
-    kv_lora_rank + qk_rope_head_dim, or None (a K/V cache)."""
-    if converted_width is None and mc.deepseek is not None:
-        return mc.deepseek.latent_width
-    return converted_width
-
-
-def block_bytes(layout: KVLayout, mc: ModelConfig, block_size: int, latent_width: int | None = None) -> int:
-    """Bytes of one KV block over all layers, the unit that sizes the pool: an 8-bit block with its
-    scales for int8/fp8, a latent block for MLA, else (auto switching too) the 16/32-bit K/V block."""
-    if layout.is_quantised:
-        return layout.bytes_per_block(mc, block_size)
-    latent_width = latent_width_of(mc, latent_width)
-    if latent_width is not None:
-        elem = torch.empty((), dtype=layout.dtype).element_size()
-        return mc.num_hidden_layers * block_size * latent_width * elem
-    return layout.bytes16(mc, block_size)
+def layer_specs(layout: KVLayout, mc: ModelConfig, strategies: Strategies, runner: RunnerView) -> list[KVCacheSpec]:
+    """Each paged layer's cache spec: 16/32-bit K/V of `mc`'s KV heads, as the strategies change it
+    (8-bit K/V, an MLA latent row). A hybrid model's linear-attention layers have none."""
+    base = FullAttentionSpec(mc.num_key_value_heads, mc.head_dim, layout.dtype16.itemsize)
+    return [strategies.cache_spec(base, runner)] * num_kv_layers(mc)
 
 
 @dataclass
@@ -149,45 +143,48 @@ def reserve_blocks(num_blocks: int, share: float, converted_bytes: int, exact_by
 
 
 def allocate_kv_cache(
-    layout: KVLayout, model: nn.Module, mc: ModelConfig, num_blocks: int, block_size: int,
-    latent_width: int | None, device: torch.device, exact_reserve: float = 0.0, reserve_kv_heads: int = 0,
+    layout: KVLayout, model: nn.Module, mc: ModelConfig, specs: list[KVCacheSpec], num_blocks: int,
+    block_size: int, device: torch.device, reserve: ConversionReserve | None = None,
 ) -> KVCache:
-    """Allocate the pool for `num_blocks` blocks of `block_bytes` each and wire every attention layer.
-    `latent_width`: the MLA conversion's rank or DeepSeek's latent width (None: a K/V cache);
-    `exact_reserve`: a conversion's share of K/V reserve blocks (strategies/fallback/split.py): the MLA
-    conversion's, or the GQA conversion's with `reserve_kv_heads` (the checkpoint's KV heads)."""
+    """Allocate the pool for `num_blocks` blocks of `block_bytes(specs)` each and wire every attention
+    layer, by the kind of page the layers declare: 8-bit K/V, an MLA latent row, or 16/32-bit K/V.
+    `reserve`: a conversion's share of K/V reserve blocks (layers/reserve_attention.py): the MLA
+    conversion's, or the GQA conversion's with the checkpoint's KV heads."""
     layers = model.attention_layers()  # type: ignore[operator]
-    if layout.is_quantised:  # int8 / fp8 / auto switching: 8-bit K/V and scales per layer
+    kind = pool_kind(specs)
+    share = reserve.share if reserve is not None else 0.0
+    if kind is QuantizedKVSpec:  # int8 / fp8 / auto switching: 8-bit K/V and scales per layer
         return _allocate_quantised(layout, layers, mc, num_blocks, block_size, device)
-    if latent_width is not None:  # MLA: one latent row per token and layer (layers/latent_attention.py)
+    if kind is LatentSpec:  # MLA: one latent row per token and layer (layers/latent_attention.py)
+        latent = specs[0]
+        assert isinstance(latent, LatentSpec)
         exact_bytes = layout.bytes16(mc, block_size)
-        n_exact, n_latent = reserve_blocks(
-            num_blocks, exact_reserve, block_bytes(layout, mc, block_size, latent_width), exact_bytes
-        )
-        cache = torch.zeros((len(layers), n_latent, block_size, latent_width), dtype=layout.dtype, device=device)
-        reserve = torch.zeros((2, len(layers), n_exact, block_size, mc.num_key_value_heads, mc.head_dim),
-                              dtype=layout.dtype, device=device) if n_exact else None  # fmt: skip
+        n_exact, n_latent = reserve_blocks(num_blocks, share, block_bytes(specs, block_size), exact_bytes)
+        cache = torch.zeros((len(layers), n_latent, block_size, latent.width), dtype=layout.dtype, device=device)
+        reserve_kv = torch.zeros((2, len(layers), n_exact, block_size, mc.num_key_value_heads, mc.head_dim),
+                                 dtype=layout.dtype, device=device) if n_exact else None  # fmt: skip
         for i, attn in enumerate(layers):
             attn.kv_cache = cache[i]
-            if reserve is not None:  # the MLA conversion's fallback reserve (strategies/fallback/split.py)
-                attn.reserve_k, attn.reserve_v, attn.first_latent = reserve[0, i], reserve[1, i], n_exact
+            if reserve_kv is not None:  # the MLA conversion's fallback reserve (layers/reserve_attention.py)
+                attn.reserve_k, attn.reserve_v, attn.first_latent = reserve_kv[0, i], reserve_kv[1, i], n_exact
         sizes = (n_exact, n_latent) if n_exact else (n_latent,)
-        return KVCache(cache, n_exact + n_latent, sizes, reserve_cache=reserve, exact_block_bytes=exact_bytes)
+        return KVCache(cache, n_exact + n_latent, sizes, reserve_cache=reserve_kv, exact_block_bytes=exact_bytes)
     n_exact, n_merged, exact_bytes = 0, num_blocks, 0
+    reserve_kv_heads = reserve.kv_heads if reserve is not None else 0
     if reserve_kv_heads:  # the GQA conversion's fallback reserve: K/V blocks of the checkpoint's own heads
         exact_bytes = layout.bytes16(mc, block_size) * reserve_kv_heads // mc.num_key_value_heads
-        n_exact, n_merged = reserve_blocks(num_blocks, exact_reserve, layout.bytes16(mc, block_size), exact_bytes)
+        n_exact, n_merged = reserve_blocks(num_blocks, share, layout.bytes16(mc, block_size), exact_bytes)
     shape = (2, len(layers), n_merged, block_size, mc.num_key_value_heads, mc.head_dim)
     cache = torch.zeros(shape, dtype=layout.dtype, device=device)
-    reserve = torch.zeros((2, len(layers), n_exact, block_size, reserve_kv_heads, mc.head_dim),
-                          dtype=layout.dtype, device=device) if n_exact else None  # fmt: skip
+    reserve_kv = torch.zeros((2, len(layers), n_exact, block_size, reserve_kv_heads, mc.head_dim),
+                             dtype=layout.dtype, device=device) if n_exact else None  # fmt: skip
     for i, attn in enumerate(layers):
         attn.k_cache = cache[0, i]
         attn.v_cache = cache[1, i]
-        if reserve is not None:  # strategies/gqa/reserve.py
-            attn.reserve_k, attn.reserve_v, attn.first_latent = reserve[0, i], reserve[1, i], n_exact
+        if reserve_kv is not None:  # strategies/gqa/reserve.py
+            attn.reserve_k, attn.reserve_v, attn.first_latent = reserve_kv[0, i], reserve_kv[1, i], n_exact
     sizes = (n_exact, n_merged) if n_exact else (n_merged,)
-    return KVCache(cache, n_exact + n_merged, sizes, reserve_cache=reserve, exact_block_bytes=exact_bytes)
+    return KVCache(cache, n_exact + n_merged, sizes, reserve_cache=reserve_kv, exact_block_bytes=exact_bytes)
 
 
 def _allocate_quantised(

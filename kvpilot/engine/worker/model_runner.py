@@ -12,20 +12,17 @@ from kvpilot.engine.config import EngineConfig, ModelConfig
 from kvpilot.engine.config.batch import fill_batch_defaults
 from kvpilot.engine.config.strategy import check_model_strategy, served_model_config
 from kvpilot.engine.context import Context, dense_context, reset_context, set_context
+from kvpilot.engine.core.cache_spec import KVCacheSpec, block_bytes
 from kvpilot.engine.core.scheduler import SchedulerOutput
 from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.models import build_model
 from kvpilot.engine.parallel.driver import TPDriver
 from kvpilot.engine.parallel.shard import head_shard
 from kvpilot.engine.parallel.state import all_reduce_min, barrier, tp_rank, tp_world
-from kvpilot.engine.strategies.gqa.apply import apply_gqa
-from kvpilot.engine.strategies.gqa.convert import gqa_transform
-from kvpilot.engine.strategies.gqa.reserve import gqa_reserve_applies
-from kvpilot.engine.strategies.linear.apply import apply_linear
-from kvpilot.engine.strategies.mla.apply import apply_mla
+from kvpilot.engine.strategies.registry import Strategies
 from kvpilot.engine.worker.cuda_graphs import build_decode_graphs
 from kvpilot.engine.worker.inputs import BlockTableRows, InputStager
-from kvpilot.engine.worker.kv_cache import KVCache, allocate_kv_cache, block_bytes, kv_layout_for
+from kvpilot.engine.worker.kv_cache import KVCache, allocate_kv_cache, kv_layout_for, layer_specs
 from kvpilot.engine.worker.loader import init_dummy_weights, load_weights
 from kvpilot.engine.worker.logits_processors import apply_logits_processors
 from kvpilot.engine.worker.memory import (
@@ -49,7 +46,7 @@ class ModelRunner:
         their runner with none and follow rank 0's calls (worker/tp_worker.py)."""
         check_model_strategy(config, model_config)  # refused combinations, before any weight loads
         self.config = config
-        checkpoint_kv_heads = model_config.num_key_value_heads  # before GQA merging: the reserve's heads
+        self.strategies = Strategies(config, model_config)  # THE registry: every strategy hook loops over it
         self.model_config = model_config = served_model_config(config, model_config)  # GQA conversion
         self.world = tp_world()  # tensor-parallel ranks; 1: every branch below is the single-device path
         self.device = pick_device(config.device)
@@ -78,17 +75,15 @@ class ModelRunner:
             if self.is_cuda:
                 torch.cuda.empty_cache()  # the separate tensors' memory back to the driver (the KV pool sizes from it)
         self._restore_buffers()
-        self.gqa_orders: list[list[int]] | None = None  # per layer, when GQA heads were grouped on calibration text
         if config.load_format == "dummy":
             init_dummy_weights(self.model)
         else:
-            transform = gqa_transform(config, model_config)
+            transform = self.strategies.weight_transform(model_config)  # GQA merges KV heads as they load
             load_weights(self.model, config.model, config.weight_sha256, config.show_progress, transform)
-            self.model.eval()
-            self.gqa_orders = apply_gqa(self.model, config, transform, self.device, self.world)  # calibrated grouping
         self.model.eval()
-        self.mla = apply_mla(self.model, config, model_config)  # native DeepSeek MLA or SVD conversion
-        apply_linear(self.model, config)  # Performer conversion of softmax layers (attention="linear")
+        self.strategies.load(self, self.world)  # GQA regrouping, MLA (native or converted), Performer
+        self.mla = self.strategies.mla.state
+        self.gqa_orders = self.strategies.gqa.orders  # per layer, when GQA heads were grouped on calibration text
         self.linear_state = build_linear_state(self.model, config, self.device)  # None: no recurrent state
         self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.generators: dict[str, torch.Generator] = {}
@@ -108,11 +103,9 @@ class ModelRunner:
         num_blocks = self._size_kv_pool()
         if self.world > 1:  # block ids are shared: every rank holds the smallest rank's count
             num_blocks = all_reduce_min(num_blocks)
-        gqa_reserve = gqa_reserve_applies(config, checkpoint_kv_heads, self.world)  # strategies/gqa/reserve.py
         self.cache: KVCache = allocate_kv_cache(
-            self.kv_layout, self.model, self.rank_kv_config, num_blocks, self.block_size, self.mla.latent_width,
-            self.device, config.fallback_reserve if self.mla.mode == "converted" or gqa_reserve else 0.0,
-            checkpoint_kv_heads if gqa_reserve else 0,
+            self.kv_layout, self.model, self.rank_kv_config, self.layer_specs(self.rank_kv_config), num_blocks,
+            self.block_size, self.device, self.strategies.conversion_reserve(self),
         )  # fmt: skip
         self.kv_cache = self.cache.kv_cache
         self.num_kv_blocks = self.cache.num_blocks
@@ -139,15 +132,19 @@ class ModelRunner:
             self.model.restore_buffers(self.device)
 
     # -- KV pool -------------------------------------------------------------------------
+    def layer_specs(self, mc: ModelConfig) -> list[KVCacheSpec]:
+        """Each paged layer's cache spec for `mc`'s KV heads, with every strategy applied (worker/kv_cache.py)."""
+        return layer_specs(self.kv_layout, mc, self.strategies, self)
+
     @property
     def bytes_per_block(self) -> int:
         """One block over all layers and (under TP) all ranks: the figure the feed and the planner use."""
-        return block_bytes(self.kv_layout, self.kv_model_config, self.block_size, self.mla.latent_width)
+        return block_bytes(self.layer_specs(self.kv_model_config), self.block_size)
 
     @property
     def rank_bytes_per_block(self) -> int:
         """One block on this rank (its share of the KV heads): what sizes this rank's memory."""
-        return block_bytes(self.kv_layout, self.rank_kv_config, self.block_size, self.mla.latent_width)
+        return block_bytes(self.layer_specs(self.rank_kv_config), self.block_size)
 
     def _size_kv_pool(self) -> int:
         if self.config.num_kv_blocks is not None:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from kvpilot.engine.context import reset_context, set_context
+from kvpilot.engine.core.pools import BlockManagerLike
 from kvpilot.engine.core.scheduler import ScheduledSeq, SchedulerOutput
 from kvpilot.engine.core.sequence import Sequence, SequenceStatus
 from kvpilot.engine.sampling_params import SamplingParams
@@ -39,7 +40,7 @@ def scores_through_cache(runner: Any, evictor: Any) -> bool:
 @torch.inference_mode()
 def score_paged(
     runner: Any,
-    block_manager: Any,
+    block_manager: BlockManagerLike,
     evictor: Any,
     prompt_token_ids: list[int],
     continuation_token_ids: list[int],

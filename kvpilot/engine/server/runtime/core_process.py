@@ -21,6 +21,8 @@ import pickle
 import threading
 from typing import Any
 
+from kvpilot.engine.server.runtime.engine_handle import EngineHandle
+
 log = logging.getLogger("kvpilot.engine.core_process")
 
 IDLE_POLL_SECONDS = 0.5  # an idle core wakes this often (nothing to do but notice a closed pipe)
@@ -62,7 +64,7 @@ def run_core(config: Any, conn: Any, log_level: str = "WARNING") -> None:
         engine.shutdown()
 
 
-def _serve(engine: Any, conn: Any, send: Any) -> None:
+def _serve(engine: EngineHandle, conn: Any, send: Any) -> None:
     while True:
         busy = engine.has_unfinished_requests()
         timeout = 0.0 if busy else IDLE_POLL_SECONDS
@@ -83,7 +85,7 @@ def _serve(engine: Any, conn: Any, send: Any) -> None:
             send(("outputs", outputs))
 
 
-def _handle(engine: Any, message: tuple, send: Any) -> None:
+def _handle(engine: EngineHandle, message: tuple, send: Any) -> None:
     kind = message[0]
     if kind == "add":
         _, request_id, prompt, params, arrival_time = message

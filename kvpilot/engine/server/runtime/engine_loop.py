@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kvpilot.engine.server.runtime.engine_handle import EngineHandle
 from kvpilot.engine.server.runtime.oom import OomRecovery, is_out_of_memory
 
 log = logging.getLogger("kvpilot.server")
@@ -66,7 +67,7 @@ class EngineLoop:
 
     def __init__(
         self,
-        engine: Any,
+        engine: EngineHandle,
         *,
         name: str = "kvpilot-engine",
         before_step: Callable[[], None] | None = None,

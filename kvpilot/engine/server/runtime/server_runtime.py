@@ -15,6 +15,7 @@ from typing import Any
 from kvpilot.engine.metrics.stats_contract import FAILURE_REASONS
 from kvpilot.engine.server.http.errors import APIError
 from kvpilot.engine.server.runtime.admission import Admission, not_ready_error
+from kvpilot.engine.server.runtime.engine_handle import EngineHandle
 from kvpilot.engine.server.runtime.engine_loop import EngineLoop
 from kvpilot.engine.server.runtime.faults import FaultInjector
 from kvpilot.engine.server.runtime.idempotency import IdempotencyStore
@@ -38,14 +39,14 @@ class ServerRuntime:
     def __init__(
         self,
         settings: ServerSettings,
-        engine_factory: Callable[[], Any],
-        warm_up: Callable[[Any], Any] | None = None,
-        on_ready: Callable[[Any], None] | None = None,
+        engine_factory: Callable[[], EngineHandle],
+        warm_up: Callable[[EngineHandle], Any] | None = None,
+        on_ready: Callable[[EngineHandle], None] | None = None,
     ) -> None:
         self.settings = settings
         self.state = "starting"
         self.failure: str | None = None
-        self.engine: Any = None
+        self.engine: EngineHandle | None = None
         self.loop: EngineLoop | None = None
         self.admission: Admission | None = None
         self.idempotency = IdempotencyStore(
@@ -277,17 +278,17 @@ class ServerRuntime:
         return {**self.grammar_pool.stats(), **{f"cache_{k}": v for k, v in cache.items()}}
 
 
-def _take_snapshot(engine: Any) -> tuple[float, dict[str, Any]]:
+def _take_snapshot(engine: EngineHandle) -> tuple[float, dict[str, Any]]:
     snapshot = engine.stats()
     return time.time(), snapshot
 
 
-def engine_max_model_len(engine: Any) -> int:
+def engine_max_model_len(engine: EngineHandle) -> int:
     """The context limit the engine enforces (its config may leave it to config.json)."""
     return int(engine.max_model_len)
 
 
-def _reset_engine_counters(engine: Any) -> None:
+def _reset_engine_counters(engine: EngineHandle) -> None:
     # Warm-up requests are not traffic: their compile-time latencies must not reach the feed the
     # rollout gates read. The reset gives a new instance_id, so the sidecar restarts its counters.
     engine.reset_stats()

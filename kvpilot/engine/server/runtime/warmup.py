@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 from kvpilot.engine.sampling_params import SamplingParams
+from kvpilot.engine.server.runtime.engine_handle import EngineHandle
 from kvpilot.engine.server.runtime.server_runtime import engine_max_model_len
 
 log = logging.getLogger("kvpilot.server")
@@ -16,7 +16,7 @@ WARMUP_TEXT = "kvpilot warm-up: the quick brown fox jumps over the lazy dog."
 WARMUP_MAX_STEPS = 10_000
 
 
-def warm_up(engine: Any, *, max_tokens: int = 4) -> dict[str, float]:
+def warm_up(engine: EngineHandle, *, max_tokens: int = 4) -> dict[str, float]:
     """Greedy generations at a short and a longer prompt (so prefill and decode both compile at
     two shapes), batched together, then one score() call. Returns seconds per phase."""
     tokenizer = engine.tokenizer

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.core.pools import BlockManagerLike
+from kvpilot.engine.core.reserve import sequence_blocks
 from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.strategies.eviction.policy import EvictionPolicy
-from kvpilot.engine.strategies.fallback.reserve import ReserveFallback, sequence_blocks
-from kvpilot.engine.validation.runner import DenseRecompute
+from kvpilot.engine.validation.full_context import FullContextCheck
 
 
 def eviction_policy(config: EngineConfig) -> EvictionPolicy:
@@ -19,7 +17,7 @@ def eviction_policy(config: EngineConfig) -> EvictionPolicy:
     )
 
 
-def check_pool_fits(policy: EvictionPolicy, block_manager: Any, max_model_len: int, chunk_tokens: int) -> None:
+def check_pool_fits(policy: EvictionPolicy, block_manager: BlockManagerLike, max_model_len: int, chunk_tokens: int) -> None:
     """Raise if one sequence's resident view plus one prefill chunk could not fit the KV pool (the
     approximate pool beside a fallback reserve)."""
     bm = block_manager
@@ -34,18 +32,11 @@ def check_pool_fits(policy: EvictionPolicy, block_manager: Any, max_model_len: i
         )
 
 
-class EvictionCheck(DenseRecompute, ReserveFallback):
+class EvictionCheck(FullContextCheck):
     """Eviction's check: exact = full context recomputed; fallback = recompute the sequence unevicted
-    in the fallback reserve (strategies/fallback), or in the shared pool when there is none.
-
-    `requeue(seq)` frees the sequence's blocks and state and puts it first in the queue (the engine's).
-    """
+    in the fallback reserve, or in the shared pool when there is none (validation/full_context.py)."""
 
     name = "eviction"
-
-    def __init__(self, runner: Any, block_manager: Any, requeue: Callable[[Sequence], None]) -> None:
-        DenseRecompute.__init__(self, runner)
-        ReserveFallback.__init__(self, block_manager, requeue, runner.model_config.max_position_embeddings)
 
     def applies(self, seq: Sequence) -> bool:
         return seq.num_evicted_tokens > 0 and not seq.exact_path

@@ -2,7 +2,7 @@
 
 With `fallback_reserve > 0` every converted layer keeps its original K/V projections (their bytes
 are counted by the capacity planner) and the pool keeps a reserve of K/V blocks with the checkpoint's
-own KV heads (worker/kv_cache.py). A step is split by pool (strategies/fallback/split.py): reserve
+own KV heads (worker/kv_cache.py). A step is split by pool (layers/reserve_attention.py): reserve
 tokens use the original projections and attend over full-head K/V, the rest the merged heads. A
 sequence that fails runtime validation (strategies/gqa/check.py) moves to the reserve and is served
 unmerged from then on. Calibrated grouping permutes a layer's heads: the original projections are
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvpilot.engine.context import get_context
-from kvpilot.engine.strategies.fallback.split import attend_with_reserve
+from kvpilot.engine.layers.reserve_attention import attend_with_reserve
 from kvpilot.engine.strategies.gqa.compensate import exact_kv
 
 

@@ -1,7 +1,7 @@
 """The 16-bit and 8-bit pools of the KV cache (`kv_cache_dtype=auto` switching, or int8/fp8 with a
 16-bit fallback reserve) in the stats feed. Torch-free.
 
-The two-pool block manager is core/pools.PooledBlockManager; strategies/fallback/reserve.py builds
+The two-pool block manager is core/pools.PooledBlockManager; core/reserve.py builds
 the engine's block manager. `kv_feed` returns the KV dtype, sequences per dtype and pool bytes.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvpilot.engine.core.pools import POOL8, POOL16, PooledBlockManager
+from kvpilot.engine.core.pools import POOL8, POOL16, BlockManagerLike, PooledBlockManager
 
 __all__ = ["POOL8", "POOL16", "KVFeed", "PooledBlockManager", "dtype_name", "kv_feed"]
 _FEED_DTYPE = {"float8_e4m3fn": "fp8"}
@@ -32,7 +32,7 @@ class KVFeed:
     used_bytes: int
 
 
-def kv_feed(runner: Any, block_manager: Any, running: int) -> KVFeed:
+def kv_feed(runner: Any, block_manager: BlockManagerLike, running: int) -> KVFeed:
     """The KV section for the feed, from the runner's layout and the block manager (one pool, a 16-bit
     and an 8-bit pool, or one pool partitioned into a fallback reserve and the rest)."""
     layout = runner.kv_layout

@@ -25,8 +25,8 @@ from torch import nn
 from kvpilot.engine.context import get_context
 from kvpilot.engine.kernels.dispatch import backend_for
 from kvpilot.engine.layers.latent_attention import LatentAttention
+from kvpilot.engine.layers.reserve_attention import attend_with_reserve
 from kvpilot.engine.models.llama import LlamaAttention
-from kvpilot.engine.strategies.fallback.split import attend_with_reserve
 from kvpilot.engine.strategies.mla.absorbed import project_values
 from kvpilot.engine.strategies.mla.decode import DecodePlanner, converted_mla_decode
 from kvpilot.engine.strategies.mla.svd import MlaConversion
@@ -56,7 +56,7 @@ class ConvertedMlaAttention(nn.Module):
         self.attn = LatentAttention(self.num_heads, conv.rank, src.attn.scale)
         self.conversion = conv
         # The original projections stay for runtime validation's exact side (strategies/mla/check.py) and the
-        # fallback reserve (strategies/fallback/split.py), where a failing sequence is served unconverted. They
+        # fallback reserve (layers/reserve_attention.py), where a failing sequence is served unconverted. They
         # cost weights, not KV memory.
         self.k_proj, self.v_proj = src.k_proj, src.v_proj
         self.force_exact = False

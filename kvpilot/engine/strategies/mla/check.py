@@ -2,9 +2,9 @@
 
 Exact side: the model run densely with every converted layer using the checkpoint's own K/V
 projections (kept beside the factorisation). Fallback: the fallback reserve holds K/V blocks of the
-unconverted layers (strategies/fallback/split.py); a failing sequence is flagged `exact_path`, its
+unconverted layers (layers/reserve_attention.py); a failing sequence is flagged `exact_path`, its
 latent blocks are freed, and it is recomputed there with the original attention
-(strategies/fallback). Without a reserve (`fallback_reserve=0`) the check counts and warns only.
+(core/reserve.py). Without a reserve (`fallback_reserve=0`) the check counts and warns only.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from kvpilot.engine.core.pools import PooledBlockManager
+from kvpilot.engine.core.pools import BlockManagerLike, PooledBlockManager
+from kvpilot.engine.core.reserve import ReserveFallback
 from kvpilot.engine.core.sequence import Sequence
-from kvpilot.engine.strategies.fallback.reserve import ReserveFallback
 from kvpilot.engine.strategies.mla.attention import ConvertedMlaAttention
 from kvpilot.engine.validation.runner import DenseRecompute, forcing_exact
 
@@ -26,7 +26,7 @@ class MlaConversionCheck(DenseRecompute, ReserveFallback):
 
     name = "mla"
 
-    def __init__(self, runner: Any, block_manager: Any, requeue: Callable[[Sequence], None]) -> None:
+    def __init__(self, runner: Any, block_manager: BlockManagerLike, requeue: Callable[[Sequence], None]) -> None:
         DenseRecompute.__init__(self, runner)
         ReserveFallback.__init__(self, block_manager, requeue, runner.model_config.max_position_embeddings)
         self.pooled = isinstance(block_manager, PooledBlockManager)
@@ -42,6 +42,6 @@ class MlaConversionCheck(DenseRecompute, ReserveFallback):
         return self.pooled and ReserveFallback.can_fall_back(self, seq)
 
 
-def mla_checks(runner: Any, block_manager: Any, requeue: Callable[[Sequence], None]) -> list[MlaConversionCheck]:
+def mla_checks(runner: Any, block_manager: BlockManagerLike, requeue: Callable[[Sequence], None]) -> list[MlaConversionCheck]:
     """The conversion's check when the runner serves converted layers, else none."""
     return [MlaConversionCheck(runner, block_manager, requeue)] if runner.mla.mode == "converted" else []

@@ -1,4 +1,4 @@
-"""The exact-path reserve every lossy strategy falls back to, and the engine's block manager.
+"""The exact-path reserve every lossy strategy falls back to, and the engine's block manager (torch-free).
 
 A lossy strategy serves new sequences from its approximate pool (8-bit K/V, an evicting or
 Performer view, an MLA latent). `fallback_reserve` (a share of the KV memory, sized by the
@@ -13,14 +13,12 @@ degraded. A sequence too long for the whole reserve cannot fall back: the check 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.config.strategy import auto_hysteresis
 from kvpilot.engine.core.block_manager import BlockManager
 from kvpilot.engine.core.pools import EXACT, PooledBlockManager
 from kvpilot.engine.core.sequence import Sequence
-from kvpilot.engine.strategies.linear.attention import PerformerAttention
 
 
 def partition_reserve(num_blocks: int, share: float) -> tuple[int, int]:
@@ -33,35 +31,28 @@ def partition_reserve(num_blocks: int, share: float) -> tuple[int, int]:
     return exact, num_blocks - exact
 
 
-def shares_blocks(config: EngineConfig, runner: Any) -> bool:
-    """Whether a strategy with an exact path over the same blocks serves (eviction, Performer)."""
-    if config.eviction != "none":
-        return True
-    return any(isinstance(m, PerformerAttention) for m in runner.model.modules())
-
-
 def build_block_manager(
-    config: EngineConfig, runner: Any, enable_prefix_caching: bool
+    config: EngineConfig, pool_sizes: tuple[int, ...], switching: bool, shares_blocks: bool, enable_prefix_caching: bool
 ) -> BlockManager | PooledBlockManager:
     """One BlockManager over the pool, or a PooledBlockManager: two pools the runner allocated
-    (auto switching, int8/fp8 with a 16-bit reserve, MLA latent + K/V reserve), or one pool of
-    blocks partitioned into a reserve and the rest (eviction, Performer)."""
+    (`pool_sizes` (exact, approximate): auto `switching`, int8/fp8 with a 16-bit reserve, MLA latent +
+    K/V reserve), or one pool of blocks partitioned into a reserve and the rest when a strategy keeps
+    its exact path over the same blocks (`shares_blocks`: eviction, Performer)."""
     bs = config.block_size
-    if len(runner.kv_pool_sizes) == 2:
-        n_exact, n_approx = runner.kv_pool_sizes
-        switching = runner.kv_layout.kind == "auto-switch"
+    if len(pool_sizes) == 2:
+        n_exact, n_approx = pool_sizes
         return PooledBlockManager(
             n_exact, n_approx, bs, enable_prefix_caching,
             threshold=(config.kv_quant_auto_threshold or 1) if switching else None,
             hysteresis=auto_hysteresis(config) if switching else 0,
         )  # fmt: skip
-    if shares_blocks(config, runner) and config.fallback_reserve > 0:
-        n_exact, n_approx = partition_reserve(runner.num_kv_blocks, config.fallback_reserve)
+    if shares_blocks and config.fallback_reserve > 0:
+        n_exact, n_approx = partition_reserve(pool_sizes[0], config.fallback_reserve)
         return PooledBlockManager(n_exact, n_approx, bs, enable_prefix_caching, threshold=None, hysteresis=0)
-    return BlockManager(runner.num_kv_blocks, bs, enable_prefix_caching)
+    return BlockManager(pool_sizes[0], bs, enable_prefix_caching)
 
 
-def sequence_blocks(block_manager: Any) -> int:
+def sequence_blocks(block_manager: BlockManager | PooledBlockManager) -> int:
     """The most blocks one sequence can hold: both pools under switching, the approximate pool with a reserve."""
     if not isinstance(block_manager, PooledBlockManager):
         return block_manager.num_blocks
@@ -77,7 +68,7 @@ def final_length(seq: Sequence) -> int:
 class ReserveFallback:
     """The fallback half of an ApproximationCheck: move a sequence to the exact pool, recomputed."""
 
-    def __init__(self, block_manager: Any, requeue: Callable[[Sequence], None], max_len: int) -> None:
+    def __init__(self, block_manager: BlockManager | PooledBlockManager, requeue: Callable[[Sequence], None], max_len: int) -> None:
         self.block_manager = block_manager
         self.requeue = requeue
         self.max_len = max_len  # positions the model can take (max_position_embeddings)
@@ -99,7 +90,7 @@ class ReserveFallback:
         self.requeue(seq)
 
 
-def reserve_feed(block_manager: Any) -> dict[str, int]:
+def reserve_feed(block_manager: BlockManager | PooledBlockManager) -> dict[str, int]:
     """The stats feed's `validation.reserve`: exact-pool blocks, their use, sequences there, and
     fallbacks that found it full and waited (0 blocks: no separate reserve)."""
     bm = block_manager

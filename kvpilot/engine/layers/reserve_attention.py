@@ -5,7 +5,7 @@ Used by the MLA conversion (strategies/mla/attention.py) and the GQA conversion
 block-id space: K/V blocks of the unconverted layer (ids [0, first_latent): the reserve,
 `reserve_k` / `reserve_v` on the layer's attention module) and converted blocks (an MLA latent row,
 merged GQA heads; ids from first_latent, rebased to 0 in the layer's own cache). A step's tokens are
-split by pool (kv_quant/layer.split_step, computed once per step: a step with no reserve sequence,
+split by pool (layers/pool_split.split_step, computed once per step: a step with no reserve sequence,
 the common case, only rebases block ids on the device; one with sequences in both pools is split on
 the host): reserve tokens project K/V with the checkpoint's own k_proj / v_proj and attend over
 paged K/V; the others run the conversion as before. Runtime validation moves a failing sequence to
@@ -20,7 +20,7 @@ import torch
 
 from kvpilot.engine.context import Context, get_context, set_context
 from kvpilot.engine.kernels import paged_attention_decode, paged_attention_prefill, store_kvcache
-from kvpilot.engine.strategies.kv_quant.layer import KVSplit, PoolPart, split_step
+from kvpilot.engine.layers.pool_split import KVSplit, PoolPart, split_step
 
 ExactKV = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # x, positions -> k, v
 LatentPart = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # q, x, positions -> o
