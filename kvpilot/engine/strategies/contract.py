@@ -29,7 +29,7 @@ from kvpilot.engine.core.cache_spec import KVCacheSpec
 from kvpilot.engine.core.pools import BlockManagerLike
 from kvpilot.engine.core.scheduler import Scheduler, SchedulerOutput
 from kvpilot.engine.core.sequence import Sequence
-from kvpilot.engine.validation.runner import ApproximationCheck
+from kvpilot.engine.validation.runner import ApproximationCheck, ValidatedRunner
 
 Requeue = Callable[[Sequence], None]  # recompute a running sequence from token 0 (the engine's)
 WeightTransform = Callable[[str, torch.Tensor], torch.Tensor]  # (checkpoint name, tensor) -> tensor to load
@@ -64,19 +64,29 @@ class StateView(Protocol):
     def stats(self) -> dict[str, int]: ...
 
 
-class RunnerView(Protocol):
-    """The model runner as strategies see it (worker/model_runner.ModelRunner)."""
+class CacheView(Protocol):
+    """What strategies read of the allocated cache (worker/kv_cache.KVCache)."""
+
+    exact_block_bytes: int  # one block of a conversion's K/V reserve (0: none)
+
+
+class RunnerView(ValidatedRunner, Protocol):
+    """The model runner as strategies see it (worker/model_runner.ModelRunner): what validation reads,
+    plus the KV layout, pools and strategy state."""
 
     config: EngineConfig
-    model_config: ModelConfig
-    model: nn.Module
-    device: torch.device
-    dtype: torch.dtype
     world: int
+    block_size: int
+    kv_model_config: ModelConfig  # every rank's KV heads (tensor parallel)
+    num_kv_blocks: int
+    cache: CacheView
     kv_layout: KVLayoutView
     kv_pool_sizes: tuple[int, ...]
     mla: LatentView
     linear_state: StateView | None
+
+    @property
+    def bytes_per_block(self) -> int: ...
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,11 @@ sequence recomputed from token 0 in the fallback reserve, or in the shared pool 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from kvpilot.engine.core.pools import BlockManagerLike
 from kvpilot.engine.core.reserve import ReserveFallback
 from kvpilot.engine.core.sequence import Sequence
-from kvpilot.engine.validation.runner import DenseRecompute
+from kvpilot.engine.validation.runner import DenseRecompute, ValidatedRunner
 
 
 class FullContextCheck(DenseRecompute, ReserveFallback):
@@ -21,7 +20,7 @@ class FullContextCheck(DenseRecompute, ReserveFallback):
 
     name = "full_context"
 
-    def __init__(self, runner: Any, block_manager: BlockManagerLike, requeue: Callable[[Sequence], None]) -> None:
+    def __init__(self, runner: ValidatedRunner, block_manager: BlockManagerLike, requeue: Callable[[Sequence], None]) -> None:
         DenseRecompute.__init__(self, runner)
         ReserveFallback.__init__(self, block_manager, requeue, runner.model_config.max_position_embeddings)
 

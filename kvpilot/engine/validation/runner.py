@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
-from kvpilot.engine.config import EngineConfig
+from kvpilot.engine.config import EngineConfig, ModelConfig
 from kvpilot.engine.context import StopForward, dense_context, get_context
 from kvpilot.engine.core.scheduler import SchedulerOutput
 from kvpilot.engine.core.sequence import Sequence
@@ -25,6 +25,17 @@ from kvpilot.engine.metrics.stats_contract import FALLBACK_REASONS
 from kvpilot.engine.validation.cosine import should_validate, validate_attention
 
 log = logging.getLogger("kvpilot.engine.validation")
+
+
+class ValidatedRunner(Protocol):
+    """What validation reads of the model runner (worker/model_runner.ModelRunner)."""
+
+    model: torch.nn.Module
+    model_config: ModelConfig
+    device: torch.device
+    dtype: torch.dtype
+    last_sample_rows: list[tuple[int, int]]  # (scheduled index, packed row) of the last step's sampled tokens
+    decode_graphs: Any  # worker/cuda_graphs.DecodeGraphs | None (its output tap), read if present
 
 
 class ApproximationCheck(Protocol):
@@ -152,7 +163,7 @@ class DenseRecompute:
     up anew for each sequence length; docs/benchmarks.md, issue 30), and only that row is compared.
     """
 
-    def __init__(self, runner: Any) -> None:
+    def __init__(self, runner: ValidatedRunner) -> None:
         self.runner = runner
 
     @torch.inference_mode()
@@ -193,7 +204,7 @@ def is_sampled(request_id: str, rate: float) -> bool:
 class ValidationRunner:
     """Captures the served attention at one layer on due decode steps and runs the checks after."""
 
-    def __init__(self, config: EngineConfig, runner: Any, checks: list[ApproximationCheck]) -> None:
+    def __init__(self, config: EngineConfig, runner: ValidatedRunner, checks: list[ApproximationCheck]) -> None:
         self.runner = runner
         self.checks = list(checks)
         self.every = config.validate_every

@@ -29,6 +29,7 @@ from kvpilot.engine.context import dense_context
 from kvpilot.engine.core.pools import BlockManagerLike, PooledBlockManager
 from kvpilot.engine.core.reserve import ReserveFallback
 from kvpilot.engine.core.sequence import Sequence
+from kvpilot.engine.strategies.contract import RunnerView
 from kvpilot.engine.strategies.gqa.compensate import checked_kv
 from kvpilot.engine.validation.runner import DenseRecompute
 
@@ -61,7 +62,7 @@ class GqaCheck(DenseRecompute, ReserveFallback):
 
     name = "gqa"
 
-    def __init__(self, runner: Any, layer: int, block_manager: BlockManagerLike, requeue: Callable[[Sequence], None]) -> None:
+    def __init__(self, runner: RunnerView, layer: int, block_manager: BlockManagerLike, requeue: Callable[[Sequence], None]) -> None:
         DenseRecompute.__init__(self, runner)
         ReserveFallback.__init__(self, block_manager, requeue, runner.model_config.max_position_embeddings)
         self.pooled = isinstance(block_manager, PooledBlockManager)
@@ -128,7 +129,7 @@ class GqaCheck(DenseRecompute, ReserveFallback):
         return self.pooled and ReserveFallback.can_fall_back(self, seq)
 
 
-def gqa_checks(runner: Any, config: Any, block_manager: BlockManagerLike, requeue: Callable[[Sequence], None]) -> list[GqaCheck]:
+def gqa_checks(runner: RunnerView, config: Any, block_manager: BlockManagerLike, requeue: Callable[[Sequence], None]) -> list[GqaCheck]:
     """The GQA check when the runner serves a checkpoint with merged KV heads, else none."""
     if gqa_groups(config) is None or runner.model_config.family not in ("llama", "mistral", "qwen2"):
         return []

@@ -14,18 +14,18 @@ int8/fp8 cache has no 16-bit pool: the check counts and warns only.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from kvpilot.engine.core.pools import POOL8, BlockManagerLike, PooledBlockManager
 from kvpilot.engine.core.reserve import ReserveFallback
 from kvpilot.engine.core.sequence import Sequence
+from kvpilot.engine.strategies.contract import RunnerView
 from kvpilot.engine.validation.runner import DenseRecompute
 
 
 class KVQuantCheck(DenseRecompute, ReserveFallback):
     """8-bit KV against a full-precision recomputation; fallback to the 16-bit pool where one exists."""
 
-    def __init__(self, runner: Any, block_manager: BlockManagerLike, requeue: Callable[[Sequence], None]) -> None:
+    def __init__(self, runner: RunnerView, block_manager: BlockManagerLike, requeue: Callable[[Sequence], None]) -> None:
         DenseRecompute.__init__(self, runner)
         ReserveFallback.__init__(self, block_manager, requeue, runner.model_config.max_position_embeddings)
         self.name = f"kv_{runner.kv_layout.quant}"
@@ -40,6 +40,6 @@ class KVQuantCheck(DenseRecompute, ReserveFallback):
         return self.pooled and ReserveFallback.can_fall_back(self, seq)
 
 
-def kv_quant_checks(runner: Any, block_manager: BlockManagerLike, requeue: Callable[[Sequence], None]) -> list[KVQuantCheck]:
+def kv_quant_checks(runner: RunnerView, block_manager: BlockManagerLike, requeue: Callable[[Sequence], None]) -> list[KVQuantCheck]:
     """The 8-bit KV check when the runner's cache has an 8-bit pool, else none."""
     return [KVQuantCheck(runner, block_manager, requeue)] if runner.kv_layout.is_quantised else []

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.engine.core.pools import POOL8, POOL16, BlockManagerLike, PooledBlockManager
+from kvpilot.engine.strategies.contract import RunnerView
 
 __all__ = ["POOL8", "POOL16", "KVFeed", "PooledBlockManager", "dtype_name", "kv_feed"]
 _FEED_DTYPE = {"float8_e4m3fn": "fp8"}
@@ -32,7 +33,7 @@ class KVFeed:
     used_bytes: int
 
 
-def kv_feed(runner: Any, block_manager: BlockManagerLike, running: int) -> KVFeed:
+def kv_feed(runner: RunnerView, block_manager: BlockManagerLike, running: int) -> KVFeed:
     """The KV section for the feed, from the runner's layout and the block manager (one pool, a 16-bit
     and an 8-bit pool, or one pool partitioned into a fallback reserve and the rest)."""
     layout = runner.kv_layout

@@ -11,12 +11,12 @@ eviction skips it), after which it attends to its whole context.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from kvpilot.engine.core.pools import BlockManagerLike
 from kvpilot.engine.core.sequence import Sequence
+from kvpilot.engine.strategies.contract import RunnerView
 from kvpilot.engine.strategies.linear.attention import PerformerAttention
 from kvpilot.engine.validation.full_context import FullContextCheck
 from kvpilot.engine.validation.runner import forcing_exact
@@ -29,7 +29,7 @@ class PerformerCheck(FullContextCheck):
     name = "linear"
 
     def __init__(
-        self, runner: Any, block_manager: BlockManagerLike, requeue: Callable[[Sequence], None], evicting: bool
+        self, runner: RunnerView, block_manager: BlockManagerLike, requeue: Callable[[Sequence], None], evicting: bool
     ) -> None:
         super().__init__(runner, block_manager, requeue)
         self.evicting = evicting
@@ -40,7 +40,7 @@ class PerformerCheck(FullContextCheck):
 
 
 def linear_checks(
-    runner: Any, block_manager: BlockManagerLike, requeue: Callable[[Sequence], None], evicting: bool
+    runner: RunnerView, block_manager: BlockManagerLike, requeue: Callable[[Sequence], None], evicting: bool
 ) -> list[PerformerCheck]:
     """The Performer check when the runner serves converted layers, else none."""
     if any(isinstance(m, PerformerAttention) for m in runner.model.modules()):

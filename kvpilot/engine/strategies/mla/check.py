@@ -10,13 +10,13 @@ latent blocks are freed, and it is recomputed there with the original attention
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from kvpilot.engine.core.pools import BlockManagerLike, PooledBlockManager
 from kvpilot.engine.core.reserve import ReserveFallback
 from kvpilot.engine.core.sequence import Sequence
+from kvpilot.engine.strategies.contract import RunnerView
 from kvpilot.engine.strategies.mla.attention import ConvertedMlaAttention
 from kvpilot.engine.validation.runner import DenseRecompute, forcing_exact
 
@@ -26,7 +26,7 @@ class MlaConversionCheck(DenseRecompute, ReserveFallback):
 
     name = "mla"
 
-    def __init__(self, runner: Any, block_manager: BlockManagerLike, requeue: Callable[[Sequence], None]) -> None:
+    def __init__(self, runner: RunnerView, block_manager: BlockManagerLike, requeue: Callable[[Sequence], None]) -> None:
         DenseRecompute.__init__(self, runner)
         ReserveFallback.__init__(self, block_manager, requeue, runner.model_config.max_position_embeddings)
         self.pooled = isinstance(block_manager, PooledBlockManager)
@@ -42,6 +42,6 @@ class MlaConversionCheck(DenseRecompute, ReserveFallback):
         return self.pooled and ReserveFallback.can_fall_back(self, seq)
 
 
-def mla_checks(runner: Any, block_manager: BlockManagerLike, requeue: Callable[[Sequence], None]) -> list[MlaConversionCheck]:
+def mla_checks(runner: RunnerView, block_manager: BlockManagerLike, requeue: Callable[[Sequence], None]) -> list[MlaConversionCheck]:
     """The conversion's check when the runner serves converted layers, else none."""
     return [MlaConversionCheck(runner, block_manager, requeue)] if runner.mla.mode == "converted" else []
