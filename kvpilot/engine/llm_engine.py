@@ -441,8 +441,7 @@ class LLMEngine:
             "ready": self.ready,
             "kv_cache_dtype": kv.kv_cache_dtype,  # the dtype new sequences get now
         }
-        sections = runner.strategies.feed(runner)  # each strategy's sections: engine.mla, linear
-        info.update({k.removeprefix("engine."): sections.pop(k) for k in list(sections) if k.startswith("engine.")})
+        sections = runner.strategies.feed(runner)  # each strategy's typed sections: mla, linear
         return build_feed(
             self.stats_state, info, self.block_manager, self.scheduler, runner.bytes_per_block, memory,
             sequences_by_dtype=kv.sequences_by_dtype, kv_used=kv.used_bytes, **sections,

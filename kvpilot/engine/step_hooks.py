@@ -10,13 +10,16 @@ eviction drops nothing, so the engine's outputs are exactly those without this o
 
 from __future__ import annotations
 
-from typing import Any
-
 from kvpilot.engine.config import EngineConfig
 from kvpilot.engine.core.reserve import reserve_feed
 from kvpilot.engine.core.scheduler import Scheduler, SchedulerOutput
 from kvpilot.engine.metrics.head_utilization import HeadUtilizationSampler
-from kvpilot.engine.metrics.stats_contract import FALLBACK_REASONS
+from kvpilot.engine.metrics.stats_contract import (
+    FALLBACK_REASONS,
+    FeedSections,
+    ReserveSection,
+    ValidationSection,
+)
 from kvpilot.engine.strategies.contract import BlockManagerLike, Requeue
 from kvpilot.engine.validation.runner import ApproximationCheck, ValidationRunner
 from kvpilot.engine.worker.model_runner import ModelRunner
@@ -61,8 +64,7 @@ class StepHooks:
         self.validation.after_step()
         self.strategies.after_step(out)  # eviction drops what fell out of its window
 
-    def feed_sections(self) -> dict[str, Any]:
+    def feed_sections(self) -> FeedSections:
         """Their sections of the stats feed: validation counters and gqa_head_utilization."""
-        validation = self.validation.feed()
-        validation["reserve"] = reserve_feed(self.block_manager)
+        validation = ValidationSection(**self.validation.feed(), reserve=ReserveSection(**reserve_feed(self.block_manager)))
         return {"validation": validation, "gqa_head_utilization": self.head_utilization.feed()}

@@ -23,6 +23,7 @@ import torch
 
 from kvpilot.engine.context import get_context
 from kvpilot.engine.core.scheduler import SchedulerOutput
+from kvpilot.engine.metrics.stats_contract import HeadUtilization
 
 MAX_SAMPLED_SEQS = 4  # decode sequences per sampled step (bounds the cost at large batches)
 
@@ -116,7 +117,7 @@ class HeadUtilizationSampler:
         hook.query_rows = MAX_SAMPLED_SEQS  # type: ignore[attr-defined]  # only these q rows: replays keep it (cuda_graphs.QueryTap)
         return hook
 
-    def feed(self) -> list[dict]:
+    def feed(self) -> list[HeadUtilization]:
         return [
             {"layer": layer, "kv_head": h, "value": v}
             for layer in sorted(self.values)

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import Any, Unpack
 
 from kvpilot.engine.core.block_manager import BlockManager
 from kvpilot.engine.core.scheduler import Scheduler
 from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.metrics.kv_time import KvOccupancyIntegral
 from kvpilot.engine.metrics.stats_contract import (
+    IDLE_LINEAR,
+    IDLE_MLA,
     REJECT_REASONS,
     SCHEMA_VERSION,
     VLLM_BUCKETS_SECONDS,
+    FeedSections,
     Histogram,
+    idle_validation,
 )
 
 
@@ -94,16 +98,13 @@ def build_feed(
     scheduler: Scheduler,
     bytes_per_block: int,
     memory: dict[str, int],
-    *,
-    sequences_by_dtype: dict[str, int] | None = None,
-    kv_used: int | None = None,
-    linear: dict[str, int] | None = None,
-    validation: dict[str, Any] | None = None,
-    gqa_head_utilization: list[dict] | None = None,
+    **sections: Unpack[FeedSections],
 ) -> dict[str, Any]:
     """The whole stats feed, every key of stats_contract present, assembled once: each owner passes
-    its section (KV dtypes and bytes, the linear state pool, validation, head utilisation); a
-    section not passed gets its idle value."""
+    its typed section (stats_contract.FeedSections: KV dtypes and bytes, MLA, the linear state pool,
+    validation, head utilisation); a section not passed gets its idle value."""
+    sequences_by_dtype = sections.get("sequences_by_dtype")
+    kv_used = sections.get("kv_used")
     running = list(scheduler.running)
     bm = block_manager
     live, allocated = kv_occupancy(running, bm.block_size)
@@ -115,6 +116,7 @@ def build_feed(
             "instance_id": stats.instance_id,
             "start_time_seconds": stats.start_time_seconds,
             **engine_info,
+            "mla": sections.get("mla", IDLE_MLA),
         },
         "kv": {
             "block_size": bm.block_size,
@@ -154,14 +156,7 @@ def build_feed(
         },
         "vllm": {**{key: hist.to_feed() for key, hist in stats.vllm.items()},
                  "finished_total": dict(stats.finished_by_reason)},
-        "linear": linear or {"summary_hits_total": 0, "summary_misses_total": 0},
-        "gqa_head_utilization": gqa_head_utilization or [],
-        "validation": validation or {
-            "checks_total": 0,
-            "fallbacks_total": {},
-            "unrecovered_total": {},
-            "last_cosine": None,
-            "checks_skipped_total": 0,
-            "reserve": {"blocks_total": 0, "blocks_used": 0, "sequences": 0, "full_total": 0},
-        },
+        "linear": sections.get("linear", IDLE_LINEAR),
+        "gqa_head_utilization": sections.get("gqa_head_utilization", []),
+        "validation": sections.get("validation") or idle_validation(),
     }

@@ -63,7 +63,7 @@ with ``len(buckets) == len(LATENCY_BUCKETS_SECONDS) + 1`` and the last entry equ
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 SCHEMA_VERSION = 1
 STATS_PATH = "/stats"
@@ -129,3 +129,71 @@ class Histogram:
 
 def empty_histogram() -> dict[str, Any]:
     return Histogram().to_feed()
+
+
+# -- the sections each owner hands metrics/stats.build_feed (typed: the one assembler's inputs) --------
+class MlaSection(TypedDict):
+    """engine.mla: the MLA strategy's (strategies/mla/strategy.py)."""
+
+    mode: str
+    latent_width: int | None
+    absorbed_decode: bool
+    latent_rank: int | None
+    reconstruction_error: float | None
+    reconstruction_error_max: float | None
+    reconstruction_error_k: float | None
+    reconstruction_error_v: float | None
+
+
+class LinearSection(TypedDict):
+    """linear: the recurrent-state pool's summary hits and misses (strategies/linear/strategy.py)."""
+
+    summary_hits_total: int
+    summary_misses_total: int
+
+
+class ReserveSection(TypedDict):
+    blocks_total: int
+    blocks_used: int
+    sequences: int
+    full_total: int
+
+
+class ValidationSection(TypedDict):
+    """validation: runtime validation's counters and the fallback reserve's use (step_hooks.py)."""
+
+    checks_total: int
+    fallbacks_total: dict[str, dict[str, int]]
+    unrecovered_total: dict[str, int]
+    last_cosine: float | None
+    checks_skipped_total: int
+    reserve: ReserveSection
+
+
+class HeadUtilization(TypedDict):
+    layer: int
+    kv_head: int
+    value: float
+
+
+class FeedSections(TypedDict, total=False):
+    """What owners pass build_feed beside the engine's own counters; a key not passed gets its idle value."""
+
+    sequences_by_dtype: dict[str, int]  # kv: running sequences per cache dtype (strategies/kv_quant/pools.py)
+    kv_used: int  # memory_bytes.kv_used over pools of different block bytes
+    mla: MlaSection
+    linear: LinearSection
+    validation: ValidationSection
+    gqa_head_utilization: list[HeadUtilization]
+
+
+IDLE_MLA = MlaSection(mode="off", latent_width=None, absorbed_decode=False, latent_rank=None,
+                      reconstruction_error=None, reconstruction_error_max=None,
+                      reconstruction_error_k=None, reconstruction_error_v=None)  # fmt: skip
+IDLE_LINEAR = LinearSection(summary_hits_total=0, summary_misses_total=0)
+IDLE_RESERVE = ReserveSection(blocks_total=0, blocks_used=0, sequences=0, full_total=0)
+
+
+def idle_validation() -> ValidationSection:
+    return ValidationSection(checks_total=0, fallbacks_total={}, unrecovered_total={}, last_cosine=None,
+                             checks_skipped_total=0, reserve=dict(IDLE_RESERVE))  # type: ignore[typeddict-item]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -29,6 +29,7 @@ from kvpilot.engine.core.cache_spec import KVCacheSpec
 from kvpilot.engine.core.pools import BlockManagerLike
 from kvpilot.engine.core.scheduler import Scheduler, SchedulerOutput
 from kvpilot.engine.core.sequence import Sequence
+from kvpilot.engine.metrics.stats_contract import FeedSections
 from kvpilot.engine.validation.runner import ApproximationCheck, ValidatedRunner
 
 Requeue = Callable[[Sequence], None]  # recompute a running sequence from token 0 (the engine's)
@@ -155,7 +156,7 @@ class MemoryStrategy:
         """Its approximations' runtime checks (validation/runner.py)."""
         return []
 
-    def feed(self, runner: RunnerView) -> dict[str, Any]:
-        """Its sections of the stats feed, by section name (metrics/stats.build_feed's keywords, or
-        'engine.<key>' for a key of the feed's engine section)."""
+    def feed(self, runner: RunnerView) -> FeedSections:
+        """Its typed sections of the stats feed (metrics/stats_contract.FeedSections, the keywords of
+        the one assembler metrics/stats.build_feed)."""
         return {}

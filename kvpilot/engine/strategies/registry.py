@@ -13,6 +13,7 @@ from typing import Any
 from kvpilot.engine.config import EngineConfig, ModelConfig
 from kvpilot.engine.core.cache_spec import KVCacheSpec
 from kvpilot.engine.core.scheduler import Scheduler, SchedulerOutput
+from kvpilot.engine.metrics.stats_contract import FeedSections
 from kvpilot.engine.strategies.contract import (
     BlockManagerLike,
     ConversionReserve,
@@ -92,8 +93,8 @@ class Strategies:
     def checks(self, runner: RunnerView, block_manager: BlockManagerLike, requeue: Requeue) -> list[ApproximationCheck]:
         return [check for s in self.all for check in s.checks(runner, block_manager, requeue)]
 
-    def feed(self, runner: RunnerView) -> dict[str, Any]:
-        sections: dict[str, Any] = {}
+    def feed(self, runner: RunnerView) -> FeedSections:
+        sections: FeedSections = {}
         for strategy in self.all:
             sections.update(strategy.feed(runner))
         return sections

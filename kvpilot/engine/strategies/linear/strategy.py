@@ -6,8 +6,7 @@ this strategy owns what the engine asks about it.
 
 from __future__ import annotations
 
-from typing import Any
-
+from kvpilot.engine.metrics.stats_contract import FeedSections
 from kvpilot.engine.models.minimax import LightningAttention
 from kvpilot.engine.strategies.contract import BlockManagerLike, MemoryStrategy, Requeue, RunnerView
 from kvpilot.engine.strategies.linear.apply import apply_linear
@@ -51,6 +50,6 @@ class LinearStrategy(MemoryStrategy):
     ) -> list[ApproximationCheck]:
         return list(linear_checks(runner, block_manager, requeue, self.config.eviction != "none"))
 
-    def feed(self, runner: RunnerView) -> dict[str, Any]:
+    def feed(self, runner: RunnerView) -> FeedSections:
         state = runner.linear_state
         return {"linear": state.stats()} if state is not None else {}  # summary hits / misses

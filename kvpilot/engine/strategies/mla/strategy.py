@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from kvpilot.engine.config.strategy import conversion_rank
 from kvpilot.engine.core.cache_spec import KVCacheSpec, LatentSpec
+from kvpilot.engine.metrics.stats_contract import FeedSections
 from kvpilot.engine.strategies.contract import (
     BlockManagerLike,
     ConversionReserve,
@@ -71,5 +70,5 @@ class MlaStrategy(MemoryStrategy):
     ) -> list[ApproximationCheck]:
         return list(mla_checks(runner, block_manager, requeue))
 
-    def feed(self, runner: RunnerView) -> dict[str, Any]:
-        return {"engine.mla": self.state.stats()}  # mode, latent width, SVD reconstruction error
+    def feed(self, runner: RunnerView) -> FeedSections:
+        return {"mla": self.state.stats()}  # mode, latent width, SVD reconstruction error
