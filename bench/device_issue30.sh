@@ -4,6 +4,7 @@
 #                                                                     # serving burst (engine thread in the server)
 #   run(command="BUDGET=195 bash bench/device_issue30.sh int8")  # per-step breakdown of the offline workload,
 #                                                                     # int8 then bf16 KV; batch-1 step; bounds
+#   run(command="bash bench/device_issue30.sh contract", carry=[".whl"])  # GPU tests of every strategy, offline, b1
 #   run(command="bash bench/device_issue30.sh serve", carry=[".whl"])  # serving burst, engine core in its own
 #                                                                     # process and in a thread; Poisson 2 req/s
 # Everything is logged to $OUT/issue30.log; each step's JSON record also to $OUT/records.jsonl.
@@ -61,6 +62,17 @@ measure)  # one call: the GPU tests of the replayed sample/validation steps, the
   step offline_int8 100 python3 -m kvpilot.cli bench offline --shape llama-3-8b --kv-cache-dtype int8 --no-progress
   step decode_b1 50 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 --top 8
   step decode_b256 60 python3 bench/profile_decode_kernels.py --batch 256 --context 700 --top 8
+  ;;
+contract)  # after the strategy-contract refactor (issue 32): every GPU test of the strategies and engine, offline, b1
+  export STEP_FILES=1 TRITON_CACHE_DIR=/tmp/triton-cache
+  step gpu_tests 330 python3 -m pytest -p no:cacheprovider -m gpu -q -o addopts="" -rf \
+    tests/gpu/test_cuda_graphs_gpu.py tests/gpu/test_kv_quant_graphs_gpu.py tests/gpu/test_eviction_gpu.py \
+    tests/gpu/test_strategy_kernels_gpu.py tests/gpu/test_engine_gpu.py tests/gpu/test_mla_engine_gpu.py \
+    tests/gpu/test_moe_graphs_gpu.py tests/gpu/test_linear_gpu.py tests/gpu/test_kv_quant_engine_gpu.py \
+    tests/gpu/test_calibrated_conversions_gpu.py tests/gpu/test_async_scheduling_gpu.py
+  step offline 110 python3 -m kvpilot.cli bench offline --shape llama-3-8b --no-progress
+  step decode_b1 50 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 --top 30
+  step bounds 30 python3 bench/speed_bounds.py
   ;;
 int8)  # where int8 KV's offline time goes, against bf16 in the same call (bench/offline_breakdown.py)
   export STEP_FILES=1 TRITON_CACHE_DIR=/tmp/triton-cache
