@@ -17,7 +17,6 @@ from kvpilot.engine.metrics.head_utilization import HeadUtilizationSampler
 from kvpilot.engine.metrics.stats_contract import (
     FALLBACK_REASONS,
     FeedSections,
-    ReserveSection,
     ValidationSection,
 )
 from kvpilot.engine.strategies.contract import BlockManagerLike, Requeue
@@ -66,5 +65,5 @@ class StepHooks:
 
     def feed_sections(self) -> FeedSections:
         """Their sections of the stats feed: validation counters and gqa_head_utilization."""
-        validation = ValidationSection(**self.validation.feed(), reserve=ReserveSection(**reserve_feed(self.block_manager)))
+        validation = ValidationSection(**self.validation.feed(), reserve=reserve_feed(self.block_manager))
         return {"validation": validation, "gqa_head_utilization": self.head_utilization.feed()}

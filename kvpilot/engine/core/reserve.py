@@ -19,6 +19,7 @@ from kvpilot.engine.config.strategy import auto_hysteresis
 from kvpilot.engine.core.block_manager import BlockManager
 from kvpilot.engine.core.pools import EXACT, PooledBlockManager
 from kvpilot.engine.core.sequence import Sequence
+from kvpilot.engine.metrics.stats_contract import IDLE_RESERVE, ReserveSection
 
 
 def partition_reserve(num_blocks: int, share: float) -> tuple[int, int]:
@@ -90,16 +91,16 @@ class ReserveFallback:
         self.requeue(seq)
 
 
-def reserve_feed(block_manager: BlockManager | PooledBlockManager) -> dict[str, int]:
+def reserve_feed(block_manager: BlockManager | PooledBlockManager) -> ReserveSection:
     """The stats feed's `validation.reserve`: exact-pool blocks, their use, sequences there, and
     fallbacks that found it full and waited (0 blocks: no separate reserve)."""
     bm = block_manager
     if isinstance(bm, PooledBlockManager) and bm.threshold is None:
         pool = bm.exact_pool
-        return {
-            "blocks_total": pool.num_blocks,
-            "blocks_used": pool.num_used_blocks,
-            "sequences": bm.sequences_per_pool()[EXACT],
-            "full_total": bm.reserve_full_total,
-        }
-    return {"blocks_total": 0, "blocks_used": 0, "sequences": 0, "full_total": 0}
+        return ReserveSection(
+            blocks_total=pool.num_blocks,
+            blocks_used=pool.num_used_blocks,
+            sequences=bm.sequences_per_pool()[EXACT],
+            full_total=bm.reserve_full_total,
+        )
+    return ReserveSection(**IDLE_RESERVE)

@@ -196,4 +196,4 @@ IDLE_RESERVE = ReserveSection(blocks_total=0, blocks_used=0, sequences=0, full_t
 
 def idle_validation() -> ValidationSection:
     return ValidationSection(checks_total=0, fallbacks_total={}, unrecovered_total={}, last_cosine=None,
-                             checks_skipped_total=0, reserve=dict(IDLE_RESERVE))  # type: ignore[typeddict-item]
+                             checks_skipped_total=0, reserve=ReserveSection(**IDLE_RESERVE))
