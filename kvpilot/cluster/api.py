@@ -47,7 +47,7 @@ class ApiClient:
         """Create the node with its status; if the apiserver dropped the status, patch it in."""
         name = node["metadata"]["name"]
         created = self.request("POST", "/api/v1/nodes", node)
-        if created.get("status", {}).get("allocatable") != node["status"]["allocatable"]:
+        if (created.get("status") or {}).get("allocatable") != node["status"]["allocatable"]:
             self.request("PATCH", f"/api/v1/nodes/{name}/status", {"status": node["status"]},
                          content_type="application/merge-patch+json")
 
@@ -56,5 +56,5 @@ class ApiClient:
             node = self.request("GET", f"/api/v1/nodes/{name}")
         except (ApiError, OSError):
             return False
-        conditions = node.get("status", {}).get("conditions", [])
+        conditions = (node.get("status") or {}).get("conditions") or []
         return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)

@@ -7,13 +7,22 @@ from pathlib import Path
 import yaml
 
 from kvpilot.cluster import processes
-from kvpilot.cluster.api import ApiClient
+from kvpilot.cluster.api import ApiClient, ApiError
 
 CRD_API = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 
 
 def established(api: ApiClient, name: str) -> bool:
-    conditions = (api.request("GET", f"{CRD_API}/{name}").get("status") or {}).get("conditions") or []
+    """True once the CRD's Established condition is True; False while it is absent or not yet reported.
+
+    A CRD just applied may read back with `status.conditions: null`, so every level may be null."""
+    try:
+        crd = api.request("GET", f"{CRD_API}/{name}")
+    except ApiError as exc:
+        if exc.status == 404:
+            return False
+        raise
+    conditions = (crd.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
 
 

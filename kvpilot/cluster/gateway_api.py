@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from kvpilot.cluster import build
-from kvpilot.cluster.api import ApiClient, ApiError
+from kvpilot.cluster import build, crds
+from kvpilot.cluster.api import ApiClient
 
 MODULE = "sigs.k8s.io/gateway-api"
 GROUP = "gateway.networking.k8s.io"
@@ -91,15 +91,6 @@ def crd_names(docs: list[dict[str, Any]]) -> list[str]:
     return [d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"]
 
 
-def _established(api: ApiClient, name: str) -> bool:
-    try:
-        crd = api.request("GET", f"{PATHS['CustomResourceDefinition']}/{name}")
-    except ApiError:
-        return False
-    conditions = crd.get("status", {}).get("conditions", [])
-    return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
-
-
 def install(api: ApiClient, timeout_s: float = 60.0, tools_dir: Path = build.TOOLS_DIR) -> list[str]:
     """Server-side apply the standard channel and wait until its CRDs serve; returns the CRD names."""
     docs = documents(fetch(tools_dir))
@@ -110,7 +101,7 @@ def install(api: ApiClient, timeout_s: float = 60.0, tools_dir: Path = build.TOO
     deadline = time.monotonic() + timeout_s
     pending = list(names)
     while pending:
-        pending = [n for n in pending if not _established(api, n)]
+        pending = [n for n in pending if not crds.established(api, n)]
         if pending and time.monotonic() > deadline:
             raise TimeoutError(f"Gateway API CRDs not Established within {timeout_s:.0f} s: {', '.join(pending)}")
         if pending:
@@ -120,4 +111,4 @@ def install(api: ApiClient, timeout_s: float = 60.0, tools_dir: Path = build.TOO
 
 def installed(api: ApiClient, tools_dir: Path = build.TOOLS_DIR) -> bool:
     """Whether every standard-channel CRD of the pinned version is Established."""
-    return all(_established(api, n) for n in crd_names(documents(fetch(tools_dir))))
+    return all(crds.established(api, n) for n in crd_names(documents(fetch(tools_dir))))

@@ -17,7 +17,7 @@ import shutil
 import time
 from pathlib import Path
 
-from kvpilot.cluster import build, gateway_api
+from kvpilot.cluster import build, crds, gateway_api
 from kvpilot.cluster.api import ApiClient
 
 MODULE = "sigs.k8s.io/gateway-api-inference-extension"
@@ -67,7 +67,7 @@ def install(api: ApiClient, timeout_s: float = 60.0, tools_dir: Path = build.TOO
         api.request("PATCH", path, doc, content_type="application/apply-patch+yaml")
     names = gateway_api.crd_names(docs)
     deadline = time.monotonic() + timeout_s
-    while (pending := [n for n in names if not gateway_api._established(api, n)]):
+    while (pending := [n for n in names if not crds.established(api, n)]):
         if time.monotonic() > deadline:
             raise TimeoutError(f"InferencePool CRD not Established within {timeout_s:.0f} s: {', '.join(pending)}")
         time.sleep(0.2)

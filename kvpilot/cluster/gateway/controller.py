@@ -120,7 +120,7 @@ class GatewayController:
                 continue
             want = {"conditions": st.conditions(
                 [st.Condition("Accepted", "True", "Accepted", "kvpilot local gateway (nginx)")],
-                int(cls["metadata"].get("generation", 0)), (cls.get("status") or {}).get("conditions", []), now)}
+                int(cls["metadata"].get("generation", 0)), (cls.get("status") or {}).get("conditions") or [], now)}
             self._patch_status(f"{GW_API}/gatewayclasses/{cls['metadata']['name']}", cls, want)
         for gw in snap["gateways"]:
             gkey = key(gw)

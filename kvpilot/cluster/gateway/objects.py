@@ -42,5 +42,5 @@ def route_conditions(route: dict[str, Any], controller: str) -> dict[str, dict[s
     """type -> condition of the status entry `controller` wrote for the route's first parent."""
     for parent in (route.get("status") or {}).get("parents") or []:
         if parent.get("controllerName") == controller:
-            return {c["type"]: c for c in parent.get("conditions", [])}
+            return {c["type"]: c for c in parent.get("conditions") or []}
     return {}

@@ -48,7 +48,7 @@ def allocate_addresses(gateways: Sequence[Mapping[str, Any]], previous: Mapping[
     for gw in sorted(gateways, key=_age):
         wanted = [a.get("value") for a in gw.get("spec", {}).get("addresses") or []
                   if a.get("type", "IPAddress") == "IPAddress"]
-        had = [a.get("value") for a in gw.get("status", {}).get("addresses") or []]
+        had = [a.get("value") for a in (gw.get("status") or {}).get("addresses") or []]
         for candidate in [*wanted, previous.get(key(gw)), *had]:
             if candidate and _loopback(candidate) and candidate not in out.values():
                 out[key(gw)] = candidate

@@ -31,7 +31,7 @@ def route_status(route: Mapping[str, Any], parents: Sequence[ParentStatus], cont
     mine_before = {_ref_key(p.get("parentRef", {})): p for p in current if p.get("controllerName") == controller}
     mine = [{"parentRef": p.parent_ref, "controllerName": controller,
              "conditions": conditions(p.conditions, generation,
-                                      mine_before.get(_ref_key(p.parent_ref), {}).get("conditions", []), now)}
+                                      mine_before.get(_ref_key(p.parent_ref), {}).get("conditions") or [], now)}
             for p in parents]
     return {"parents": others + mine}
 
@@ -43,10 +43,10 @@ def gateway_status(gateway: Mapping[str, Any], address: str, gw_conds: Sequence[
     before = {lst.get("name"): lst for lst in current.get("listeners") or []}
     return {
         "addresses": [{"type": "IPAddress", "value": address}],
-        "conditions": conditions(gw_conds, generation, current.get("conditions", []), now),
+        "conditions": conditions(gw_conds, generation, current.get("conditions") or [], now),
         "listeners": [{**head, "attachedRoutes": attached,
                        "conditions": conditions(conds, generation,
-                                                before.get(head["name"], {}).get("conditions", []), now)}
+                                                before.get(head["name"], {}).get("conditions") or [], now)}
                       for head, attached, conds in listeners],
     }
 
