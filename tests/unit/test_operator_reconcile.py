@@ -131,6 +131,20 @@ def test_deployment_status_flows_into_ready() -> None:
     assert len(run.kube.writes) == writes and len(run.kube.requests) == requests
 
 
+def test_ready_is_announced_once_when_the_reconciler_sees_the_deployment_ready_first() -> None:
+    run = Run(FakeKube())
+    body = service()
+    run.reconcile(body)
+    dep = run.kube.find("Deployment", "chat-stable", "apps/v1")
+    dep["status"] = {"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2,
+                     "availableReplicas": 2}
+    run.reconcile(body)  # a resync whose status write carries the Deployment's Ready state before the follower's
+    assert run.status()["phase"] == "Ready"
+    assert [e[1] for e in run.events].count("Ready") == 1
+    follow_deployment(run.ctx, dep)  # the follower then finds Ready already True: no second Event
+    assert [e[1] for e in run.events].count("Ready") == 1
+
+
 def test_stale_cached_object_costs_one_conflict_then_succeeds() -> None:
     run = Run(FakeKube())
     run.reconcile(service())

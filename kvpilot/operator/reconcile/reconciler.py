@@ -37,6 +37,7 @@ from kvpilot.operator.status.conditions import (
 )
 from kvpilot.operator.status.deployment_state import deployment_state
 from kvpilot.operator.status.document import with_conditions, with_deployment_state, with_failure, with_plan
+from kvpilot.operator.status.follow_deployment import announce_deployment_conditions
 from kvpilot.operator.status.writer import write_status
 from kvpilot.planner import CapacityPlan, PlannerError, human_bytes
 
@@ -166,6 +167,7 @@ def _announce(ctx: Context, old: dict[str, Any], new: dict[str, Any], plan: Capa
     new_mon = get_condition(new.get("conditions"), MONITORING) or {}
     if new_mon and old_mon.get("reason") != new_mon.get("reason"):
         ctx.emit("Normal" if new_mon["status"] == "True" else "Warning", new_mon["reason"], new_mon["message"])
+    announce_deployment_conditions(ctx, old, new)  # this write may be the one that saw the Deployment Ready
 
 
 def _fail(ctx: Context, body: Mapping[str, Any], reason: str, message: str, phase: str,

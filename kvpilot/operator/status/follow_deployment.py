@@ -39,11 +39,15 @@ def follow_deployment(ctx: Context, deployment: Mapping[str, Any]) -> dict[str, 
     if result is None or result[0] == result[1]:
         return None
     old, new = result
-    _announce(ctx, old, new)
+    announce_deployment_conditions(ctx, old, new)
     return seen.get("live")
 
 
-def _announce(ctx: Context, old: dict[str, Any], new: dict[str, Any]) -> None:
+def announce_deployment_conditions(ctx: Context, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """An Event when Ready or Degraded turns True, whichever status write made the transition.
+
+    Both this follower and the reconciler write the Deployment's state into the status; the one whose write turns
+    the condition True announces it (the other then sees it already True), so the Event is posted exactly once."""
     for type_, when, kind in ((READY, "True", "Normal"), (DEGRADED, "True", "Warning")):
         before = (get_condition(old.get("conditions"), type_) or {}).get("status")
         after = get_condition(new.get("conditions"), type_) or {}
