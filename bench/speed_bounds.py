@@ -10,6 +10,11 @@ Measures on this GPU the device-to-device copy bandwidth (read + write bytes per
   every request runs at once (max_num_seqs 256), so decode step i reads the weights once and the K/V of
   every request still generating at its context then; prefill is counted at the GEMM rate (2 FLOP per
   weight per prompt token). Last line: JSON.
+- a per-kernel roofline of the same workload (`offline_roofline_tok_s`): a decode step's GEMMs take
+  max(their weight bytes at the copy bandwidth, their FLOPs at the GEMM rate) (at batch ~190 and
+  above the GEMMs of this shape are FLOP-bound, which the bytes bound ignores), its attention the K/V
+  bytes at the copy bandwidth, and the embedding table is gathered, not read; prefill adds the causal
+  attention FLOPs to the GEMMs'. Kernels are taken to run back to back at their own bound.
 """
 
 from __future__ import annotations
@@ -45,6 +50,18 @@ def weight_count(c: dict) -> int:
     return layers * (attn + 3 * h * inter + 2 * h) + 2 * c["vocab_size"] * h + h
 
 
+def roofline_seconds(c: dict, reqs: list, copy: float, flops: float, kv_token: float) -> float:
+    """The offline workload at each kernel class's own bound (module docstring); copy in B/s, flops in FLOP/s."""
+    gemm_params = weight_count(c) - c["vocab_size"] * c["hidden_size"]  # the embedding is gathered, not multiplied
+    attn_flops_per_pair = 4 * c["num_hidden_layers"] * c["num_attention_heads"] * c["head_dim"]  # QK^T and PV
+    total = 0.0
+    for i in range(max(r.max_tokens for r in reqs)):
+        live = [len(r.prompt) + i for r in reqs if r.max_tokens > i]
+        total += max(2 * gemm_params / copy, 2 * gemm_params * len(live) / flops) + sum(live) * kv_token / copy
+    prompts = [len(r.prompt) for r in reqs]
+    return total + 2 * gemm_params * sum(prompts) / flops + sum(attn_flops_per_pair * n * n / 2 for n in prompts) / flops
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="llama-3-8b")
@@ -67,15 +84,19 @@ def main() -> None:
         live = [len(r.prompt) + i for r in reqs if r.max_tokens > i]
         decode_s += (weights + sum(live) * kv_token) / copy
     prefill_s = 2 * (weights / 2) * prompt_tokens / (tflops * 1e12)
+    roofline_s = roofline_seconds(c, reqs, copy, tflops * 1e12, kv_token)
     record = {"bench": "speed_bounds", "shape": args.shape, "gpu": torch.cuda.get_device_name(),
               "copy_gbps": round(copy / 1e9, 1), "gemm_tflops": round(tflops, 1), "weights_gb": round(weights / 1e9, 2),
               "batch1_ctx512_step_ms": round(step_ms(1, 512), 3), "batch256_ctx700_step_ms": round(step_ms(256, 700), 3),
               "offline_decode_s": round(decode_s, 3), "offline_prefill_s": round(prefill_s, 3),
               "offline_bound_tok_s": round(output_tokens / (decode_s + prefill_s), 1),
+              "offline_roofline_s": round(roofline_s, 3),
+              "offline_roofline_tok_s": round(output_tokens / roofline_s, 1),
               "offline_output_tokens": output_tokens, "kv_bytes": args.kv_bytes}  # fmt: skip
     print(f"copy {record['copy_gbps']:.0f} GB/s, GEMM {tflops:.0f} TFLOP/s; decode step bounds: batch 1 @ 512 "
           f"{record['batch1_ctx512_step_ms']} ms, batch 256 @ 700 {record['batch256_ctx700_step_ms']} ms; offline "
-          f"workload bound {record['offline_bound_tok_s']:.0f} output tok/s")
+          f"workload bound {record['offline_bound_tok_s']:.0f} output tok/s (per-kernel roofline "
+          f"{record['offline_roofline_tok_s']:.0f})")
     print(json.dumps(record), flush=True)
 
 

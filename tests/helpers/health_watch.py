@@ -11,9 +11,13 @@ import httpx
 class HealthWatch:
     """`with HealthWatch(url) as watch: ...`; then `watch.statuses`, `watch.latencies`, `watch.worst`."""
 
-    def __init__(self, base_url: str, interval_s: float = 0.02) -> None:
+    def __init__(self, base_url: str, interval_s: float = 0.02, *, keep_alive: bool = True) -> None:
+        """keep_alive=False: each probe on a new connection, closed after it, as the kubelet's HTTP probe does
+        (it disables keep-alive). A server that closes idle keep-alive connections (at its open-files limit)
+        may close the watch's between two probes, which a keep-alive client sees as a failed request."""
         self.url = base_url + "/health"
         self.interval_s = interval_s
+        self.keep_alive = keep_alive
         self.latencies: list[float] = []
         self.statuses: list[int] = []
         self._stop = threading.Event()
@@ -24,7 +28,10 @@ class HealthWatch:
             while not self._stop.is_set():
                 start = time.monotonic()
                 try:
-                    self.statuses.append(client.get(self.url).status_code)
+                    if self.keep_alive:
+                        self.statuses.append(client.get(self.url).status_code)
+                    else:
+                        self.statuses.append(httpx.get(self.url, timeout=60, headers={"connection": "close"}).status_code)
                 except httpx.HTTPError:
                     self.statuses.append(0)
                 self.latencies.append(time.monotonic() - start)

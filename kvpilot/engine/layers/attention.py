@@ -53,7 +53,8 @@ class Attention(nn.Module):
 
     def _prefill(self, q: torch.Tensor, ctx: Context) -> torch.Tensor:
         return paged_attention_prefill(
-            q, self.k_cache, self.v_cache, ctx.block_tables, ctx.cu_seqlens_q, ctx.context_lens, self.scale
+            q, self.k_cache, self.v_cache, ctx.block_tables, ctx.cu_seqlens_q, ctx.context_lens, self.scale,
+            ctx.max_seqlen_q,
         )
 
     def _decode(self, q: torch.Tensor, ctx: Context) -> torch.Tensor:

@@ -11,6 +11,7 @@ is split by pool on the host (`split_by_pool`, one small host copy of the step's
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -27,6 +28,8 @@ class PoolPart:
     block_tables: torch.Tensor
     context_lens: torch.Tensor
     cu_seqlens_q: torch.Tensor | None = None
+    max_seqlen_q: int | None = None  # the part's longest prefill chunk (host int), or None: not known
+    fresh_layout: Any = None  # strategies/kv_quant/fresh_prefill.FreshLayout: set by the step's first layer using it
 
 
 @dataclass
@@ -63,7 +66,7 @@ def split_all_quant(ctx: Context, num_tokens: int, first8: int = 0, block_size: 
     parts = []
     if n:
         parts.append(PoolPart(True, True, slice(0, n), _rebase(ctx.block_tables, first8), ctx.context_lens,
-                              ctx.cu_seqlens_q))  # fmt: skip
+                              ctx.cu_seqlens_q, ctx.max_seqlen_q))  # fmt: skip
     if n < num_tokens:
         parts.append(PoolPart(False, True, slice(n, num_tokens), _rebase(ctx.decode_block_tables, first8),
                               ctx.decode_context_lens))  # fmt: skip
@@ -75,7 +78,8 @@ def split_all_exact(ctx: Context, num_tokens: int) -> KVSplit:
     n = ctx.num_prefill_tokens
     parts = []
     if n:
-        parts.append(PoolPart(True, False, slice(0, n), ctx.block_tables, ctx.context_lens, ctx.cu_seqlens_q))
+        parts.append(PoolPart(True, False, slice(0, n), ctx.block_tables, ctx.context_lens, ctx.cu_seqlens_q,
+                              ctx.max_seqlen_q))  # fmt: skip
     if n < num_tokens:
         parts.append(PoolPart(False, False, slice(n, num_tokens), ctx.decode_block_tables, ctx.decode_context_lens))
     return KVSplit(ctx.slot_mapping, None, parts)
@@ -108,6 +112,7 @@ def split_by_pool(ctx: Context, num_tokens: int, first8: int, block_size: int) -
             parts.append(PoolPart(
                 True, quant, rows.to(device), _rebase(tables[seqs], first8 if quant else 0).to(device),
                 lens[seqs].to(device), torch.tensor(sub_cu, dtype=torch.int32).to(device),
+                max(cu[i + 1] - cu[i] for i in seqs),
             ))
     if n < num_tokens:
         tables, lens = ctx.decode_block_tables.cpu(), ctx.decode_context_lens.cpu()

@@ -67,7 +67,8 @@ def _exact(q: torch.Tensor, part: PoolPart, attn: torch.nn.Module) -> torch.Tens
     kc, vc = attn.reserve_k, attn.reserve_v
     q = q.to(kc.dtype)
     if part.prefill:
-        return paged_attention_prefill(q, kc, vc, part.block_tables, part.cu_seqlens_q, part.context_lens, attn.scale)
+        return paged_attention_prefill(q, kc, vc, part.block_tables, part.cu_seqlens_q, part.context_lens, attn.scale,
+                                       part.max_seqlen_q)  # fmt: skip
     return paged_attention_decode(q, kc, vc, part.block_tables, part.context_lens, attn.scale)
 
 
@@ -82,6 +83,7 @@ def _latent(
     if part.prefill:
         sub.num_prefill_tokens = rows.stop - rows.start if isinstance(rows, slice) else rows.numel()  # no sync
         sub.block_tables, sub.cu_seqlens_q, sub.context_lens = part.block_tables, part.cu_seqlens_q, part.context_lens
+        sub.max_seqlen_q, sub.prefill_fresh = part.max_seqlen_q, ctx.prefill_fresh
     else:
         sub.decode_block_tables, sub.decode_context_lens = part.block_tables, part.context_lens
     set_context(sub)

@@ -306,6 +306,8 @@ class ModelRunner:
         ctx.exact_pool_seqs = int(np.count_nonzero(table[rows, 0] < self.first_approx_block))
         if num_prefill:
             ctx.context_lens, ctx.block_tables, ctx.cu_seqlens_q = meta[:3]
+            ctx.max_seqlen_q = int(counts[:num_prefill].max())
+            ctx.prefill_fresh = not resident[:num_prefill].any()
             meta = meta[3:]
         if num_prefill < len(order):
             ctx.decode_context_lens, ctx.decode_block_tables = meta

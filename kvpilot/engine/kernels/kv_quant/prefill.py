@@ -119,6 +119,7 @@ def paged_attention_prefill_quant(
     cu_seqlens_q: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    max_seqlen_q: int | None = None,
 ) -> torch.Tensor:
     """`paged_attention_prefill` (docs/dev/interfaces.md) over an int8/fp8 cache, in q's dtype."""
     from kvpilot.engine.kernels import paged_attention_prefill
@@ -126,4 +127,4 @@ def paged_attention_prefill_quant(
     ids, tables = flat_block_tables(block_tables)
     k = dequantize_blocks(k_cache, k_scale, ids, q.dtype)
     v = dequantize_blocks(v_cache, v_scale, ids, q.dtype)
-    return paged_attention_prefill(q, k, v, tables, cu_seqlens_q, context_lens, scale)
+    return paged_attention_prefill(q, k, v, tables, cu_seqlens_q, context_lens, scale, max_seqlen_q)
