@@ -5,12 +5,14 @@
 #   run(command="BUDGET=195 bash bench/device_issue30.sh int8")  # per-step breakdown of the offline workload,
 #                                                                     # int8 then bf16 KV; batch-1 step; bounds
 #   run(command="bash bench/device_issue30.sh contract", carry=[".whl"])  # GPU tests of every strategy, offline, b1
+#   run(command="BUDGET=330 bash bench/device_issue30.sh fresh")  # int8 vs bf16 offline breakdown after the
+#                                                                     # fresh-prefill path; its GPU test; bounds
 #   run(command="bash bench/device_issue30.sh serve", carry=[".whl"])  # serving burst, engine core in its own
 #                                                                     # process and in a thread; Poisson 2 req/s
 # Everything is logged to $OUT/issue30.log; each step's JSON record also to $OUT/records.jsonl.
 set -u
 start=$SECONDS
-if [[ ${1:-speed} != int8 ]]; then  # the int8 stage runs no server: no wheels to carry
+if [[ ${1:-speed} != int8 && ${1:-speed} != fresh ]]; then  # int8 and fresh run no server: no wheels to carry
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
 fi
@@ -80,6 +82,14 @@ int8)  # where int8 KV's offline time goes, against bf16 in the same call (bench
   step breakdown_bf16 80 python3 bench/offline_breakdown.py --shape llama-3-8b
   step decode_b1 45 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 --top 8
   step bounds 30 python3 bench/speed_bounds.py
+  ;;
+fresh)  # session 14: the 8-bit cache's prefill over the step's own K/V, the prefill grid by the longest chunk
+  export STEP_FILES=1 TRITON_CACHE_DIR=/tmp/triton-cache
+  step bounds 30 python3 bench/speed_bounds.py
+  step gpu_tests 75 python3 -m pytest -p no:cacheprovider -m gpu -q -o addopts="" -rf \
+    tests/gpu/test_kv_quant_engine_gpu.py
+  step breakdown_int8 110 python3 bench/offline_breakdown.py --shape llama-3-8b --kv-cache-dtype int8
+  step breakdown_bf16 90 python3 bench/offline_breakdown.py --shape llama-3-8b
   ;;
 serve)  # the offline figure of the speed stage's run (.whl/offline_run1.json) is the reference
   cp .whl/offline_run1.json /tmp/offline.json

@@ -29,9 +29,6 @@ class Context:
     # the longest prefill chunk of the step (a host int, from the scheduler): sizes the prefill kernel's grid, whose
     # programs past a chunk's end would otherwise be launched to exit at once (T / tile of them per sequence)
     max_seqlen_q: int | None = None
-    # every prefill chunk of the step starts at position 0 (no cached prefix, no earlier chunk): its attention reads
-    # only the step's own K/V, which an 8-bit cache then need not dequantise back (strategies/kv_quant/fresh_prefill.py)
-    prefill_fresh: bool = False
     decode_block_tables: torch.Tensor | None = None
     decode_context_lens: torch.Tensor | None = None
     kv_split: Any = None  # strategies/kv_quant/layer.KVSplit: the step's tokens by KV pool, set by the first layer

@@ -11,7 +11,6 @@ is split by pool on the host (`split_by_pool`, one small host copy of the step's
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -29,7 +28,6 @@ class PoolPart:
     context_lens: torch.Tensor
     cu_seqlens_q: torch.Tensor | None = None
     max_seqlen_q: int | None = None  # the part's longest prefill chunk (host int), or None: not known
-    fresh_layout: Any = None  # strategies/kv_quant/fresh_prefill.FreshLayout: set by the step's first layer using it
 
 
 @dataclass

@@ -83,7 +83,7 @@ def _latent(
     if part.prefill:
         sub.num_prefill_tokens = rows.stop - rows.start if isinstance(rows, slice) else rows.numel()  # no sync
         sub.block_tables, sub.cu_seqlens_q, sub.context_lens = part.block_tables, part.cu_seqlens_q, part.context_lens
-        sub.max_seqlen_q, sub.prefill_fresh = part.max_seqlen_q, ctx.prefill_fresh
+        sub.max_seqlen_q = part.max_seqlen_q
     else:
         sub.decode_block_tables, sub.decode_context_lens = part.block_tables, part.context_lens
     set_context(sub)

@@ -307,7 +307,6 @@ class ModelRunner:
         if num_prefill:
             ctx.context_lens, ctx.block_tables, ctx.cu_seqlens_q = meta[:3]
             ctx.max_seqlen_q = int(counts[:num_prefill].max())
-            ctx.prefill_fresh = not resident[:num_prefill].any()
             meta = meta[3:]
         if num_prefill < len(order):
             ctx.decode_context_lens, ctx.decode_block_tables = meta

@@ -2,8 +2,7 @@
 
 `ModelRunner.score()` runs the model densely (no cache), which is exact but blind to approximations
 that live in the cache (8-bit K/V, eviction, a recurrent summary). `score_paged` feeds the text
-through the same kernels as serving, in chunks of `chunk` tokens (default: one block), the prompt's
-chunks apart from the continuation's (as serving prefills the one and decodes the other), with the
+through the same kernels as serving, in chunks of `chunk` tokens (default: one block), with the
 evictor applied after each chunk exactly as after a step. A token's log-probability then comes
 from the view a served decode at that position would have had (to within one chunk).
 `scores_through_cache` says when the engine must score this way (`LLMEngine.score` asks it).
@@ -61,11 +60,7 @@ def score_paged(
     tops: list[TopLogprobs] = []
     try:
         while seq.num_computed_tokens < len(tokens):
-            # the prompt and the continuation are never in one chunk: serving prefills the prompt (over its own
-            # K/V when nothing is cached, kv_quant/fresh_prefill.py) and decodes each continuation token over the
-            # cache, which the continuation's chunks read as a decode would
-            boundary = len(prompt_token_ids) if seq.num_computed_tokens < len(prompt_token_ids) else len(tokens)
-            n = min(chunk, boundary - seq.num_computed_tokens)
+            n = min(chunk, len(tokens) - seq.num_computed_tokens)
             if not bm.can_append(seq, n):
                 raise RuntimeError(
                     f"scoring needs {bm.blocks_for(n)} more free KV blocks, {bm.num_free_blocks} are free; "

@@ -5,8 +5,7 @@ worker/kv_cache.py allocates, per layer, beside (or instead of) the 16-bit K/V: 
 written by the store; fp8: fp32 `[Hkv]` per layer, calibrated from the layer's first write and then
 fixed, see docs/strategies.md). Each Attention layer gets a `LayerKVQuant` that replaces its
 store + attend: the quantising store, decode with in-kernel dequantisation, and prefill through the
-block-dequant path (kernels/kv_quant) when a chunk has cached context, or over the step's own 16-bit K/V
-when none has (fresh_prefill.py). With two pools (auto switching, or int8/fp8 with a 16-bit
+block-dequant path (kernels/kv_quant). With two pools (auto switching, or int8/fp8 with a 16-bit
 fallback reserve) the 8-bit pool's block ids start at n16 (`first8`). The runner counts the step's
 sequences in the 16-bit pool on the host (`Context.exact_pool_seqs`, layers/pool_split.py): when none is
 there, or all are, the step's metadata is used as it is (8-bit ids rebased on the device), with no
@@ -23,7 +22,6 @@ from kvpilot.engine.kernels import paged_attention_decode, paged_attention_prefi
 from kvpilot.engine.kernels.kv_quant.ops import paged_attention_decode_quant, store_kvcache_quant
 from kvpilot.engine.kernels.kv_quant.reference import calibrate_fp8_scale
 from kvpilot.engine.layers.pool_split import PoolPart, split_step
-from kvpilot.engine.strategies.kv_quant.fresh_prefill import fresh_layout, fresh_prefill_attention
 
 
 class LayerKVQuant:
@@ -51,10 +49,10 @@ class LayerKVQuant:
         if split.slots8 is not None:
             self._store(k, v, split.slots8, ctx.graph_static)
         if len(split.parts) == 1 and isinstance(split.parts[0].rows, slice):
-            return self._attend(attn, q, k, v, split.parts[0], ctx.prefill_fresh)
+            return self._attend(attn, q, split.parts[0])
         out = torch.empty_like(q)
         for part in split.parts:
-            out[part.rows] = self._attend(attn, q[part.rows], k[part.rows], v[part.rows], part, ctx.prefill_fresh)
+            out[part.rows] = self._attend(attn, q[part.rows], part)
         return out
 
     def _store(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, graph_static: bool) -> None:
@@ -67,17 +65,9 @@ class LayerKVQuant:
             self.calibrated = True
         store_kvcache_quant(k, v, self.k8, self.v8, self.k_scale, self.v_scale, slots)
 
-    def _attend(self, attn: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, part: PoolPart,
-                fresh: bool) -> torch.Tensor:
-        """One part's attention; `fresh`: every prefill chunk of the step starts at position 0 (Context)."""
+    def _attend(self, attn: torch.nn.Module, q: torch.Tensor, part: PoolPart) -> torch.Tensor:
         scale = attn.scale
         if part.quant:
-            if part.prefill and fresh:  # only this step's tokens are attended: from k/v as they are, no dequant
-                if part.fresh_layout is None:  # once per step, shared by every layer
-                    part.fresh_layout = fresh_layout(part.cu_seqlens_q, q.shape[0], part.block_tables.shape[1],
-                                                     self.block_size)  # fmt: skip
-                return fresh_prefill_attention(q, k, v, part.fresh_layout, part.cu_seqlens_q, part.context_lens,
-                                               self.block_size, scale, part.max_seqlen_q)  # fmt: skip
             if part.prefill:
                 from kvpilot.engine.kernels.kv_quant.prefill import paged_attention_prefill_quant
 
