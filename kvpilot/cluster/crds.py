@@ -13,13 +13,14 @@ CRD_API = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 
 
 def established(api: ApiClient, name: str) -> bool:
-    """True once the CRD's Established condition is True; False while it is absent or not yet reported.
+    """True once the CRD's Established condition is True; False while it is absent, not yet reported, or the
+    API server answers 5xx (a wait retries); other errors (403: no permission) are raised, they will not pass.
 
     A CRD just applied may read back with `status.conditions: null`, so every level may be null."""
     try:
         crd = api.request("GET", f"{CRD_API}/{name}")
     except ApiError as exc:
-        if exc.status == 404:
+        if exc.status == 404 or exc.status >= 500:  # not created yet, or the API server busy serving the new CRD
             return False
         raise
     conditions = (crd.get("status") or {}).get("conditions") or []

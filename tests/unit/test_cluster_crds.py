@@ -35,6 +35,7 @@ def test_an_established_crd_reads_true_and_an_absent_one_false() -> None:
     ok = {"status": {"conditions": [{"type": "Established", "status": "True"}]}}
     assert crds.established(_Api(ok), "x.example.com") is True  # type: ignore[arg-type]
     assert crds.established(_Api(404), "x.example.com") is False  # type: ignore[arg-type]
+    assert crds.established(_Api(503), "x.example.com") is False  # type: ignore[arg-type]
 
 
 def test_other_api_errors_are_not_hidden() -> None:
