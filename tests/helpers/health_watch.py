@@ -24,14 +24,12 @@ class HealthWatch:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
+        headers = {} if self.keep_alive else {"connection": "close"}  # close: the next probe opens a new one
         with httpx.Client(timeout=60) as client:
             while not self._stop.is_set():
                 start = time.monotonic()
                 try:
-                    if self.keep_alive:
-                        self.statuses.append(client.get(self.url).status_code)
-                    else:
-                        self.statuses.append(httpx.get(self.url, timeout=60, headers={"connection": "close"}).status_code)
+                    self.statuses.append(client.get(self.url, headers=headers).status_code)
                 except httpx.HTTPError:
                     self.statuses.append(0)
                 self.latencies.append(time.monotonic() - start)
