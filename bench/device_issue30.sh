@@ -12,7 +12,7 @@
 # Everything is logged to $OUT/issue30.log; each step's JSON record also to $OUT/records.jsonl.
 set -u
 start=$SECONDS
-if [[ ${1:-speed} != int8 && ${1:-speed} != fresh ]]; then  # int8 and fresh run no server: no wheels to carry
+if [[ ${1:-speed} != int8 && ${1:-speed} != fresh && ${1:-speed} != sweep && ${1:-speed} != fused ]]; then  # int8 and fresh run no server: no wheels to carry
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
 fi
@@ -42,6 +42,25 @@ W="--num-requests 256 --input-len 100:1024 --output-len 100:1024 --seed 0"
 E=${SERVE_FLAGS:---max-num-seqs 256 --max-num-batched-tokens 16384 --cuda-graphs}  # as bench/device_serving.sh
 serve_dir() { mkdir -p "/tmp/serve-$1" && cp /tmp/offline.json "/tmp/serve-$1/offline.json"; echo "/tmp/serve-$1"; }
 case "${1:-speed}" in
+fused)  # session 15: residual carried into the next norm, K/V stored by the rotary kernel, validation read a step later
+  export STEP_FILES=1 TRITON_CACHE_DIR=/tmp/triton-cache
+  step kernel_tests 60 python3 -m pytest -p no:cacheprovider -q -o addopts="" -rf tests/kernels/test_rotary_silu_mul.py
+  step gpu_tests 130 python3 -m pytest -p no:cacheprovider -m gpu -q -o addopts="" -rf \
+    tests/gpu/test_cuda_graphs_gpu.py tests/gpu/test_kv_quant_graphs_gpu.py tests/gpu/test_async_scheduling_gpu.py \
+    tests/gpu/test_engine_gpu.py
+  step breakdown_bf16 90 python3 bench/offline_breakdown.py --shape llama-3-8b
+  step breakdown_int8 100 python3 bench/offline_breakdown.py --shape llama-3-8b --kv-cache-dtype int8
+  step decode_b1 45 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 --top 12
+  step decode_b256 50 python3 bench/profile_decode_kernels.py --batch 256 --context 700 --top 12
+  step decode_b128 45 python3 bench/profile_decode_kernels.py --batch 128 --context 1000 --top 12
+  step bounds 30 python3 bench/speed_bounds.py
+  ;;
+sweep)  # session 15: cuBLAS vs the Triton GEMM at the decode shapes; one prefill step's kernels, bf16 then int8
+  export STEP_FILES=1
+  step gemm_sweep 260 python3 bench/gemm_sweep.py --m 16,32,64,96,128,160,192,256 --json "$out/gemm_sweep.json"
+  step prefill_bf16 70 python3 bench/profile_prefill_kernels.py
+  step prefill_int8 70 python3 bench/profile_prefill_kernels.py --kv-cache-dtype int8
+  ;;
 speed)
   step bounds 60 python3 bench/speed_bounds.py
   step gpu_tests 150 python3 -m pytest -p no:cacheprovider -m gpu -q -o addopts="" -rf -x \

@@ -96,6 +96,10 @@ class LLMEngine:
         self._stop_matchers: dict[str, StopAutomaton] = {}  # request id -> its stop strings' automaton
         self._pending: list[RequestOutput] = []
         self.async_scheduling = self._use_async_scheduling()
+        verdict = self.config.validation_verdict  # a check read after the next launch: no host/device sync
+        self.checks.validation.deferred = verdict == "next_step" or (verdict == "auto" and self.async_scheduling)
+        if self.runner.device.type == "cuda" and self.tp is None:
+            self.checks.validation.warm_up()
         self._inflight: PendingStep | None = None  # the launched step whose tokens are not read yet
         self._final_by_length: set[str] = set()  # finished by length in _advance, awaiting their last token
         self._configured_max_seqs: int | None = None  # set while shed_load() caps the batch
@@ -199,6 +203,7 @@ class LLMEngine:
         outputs, self._pending = self._pending, []
         scheduled = self._schedule()
         if scheduled.is_empty:
+            self.checks.validation.resolve()  # a deferred check of the last step, with no step to follow it
             return outputs
         self.checks.before_run(scheduled)
         return outputs + self._run_sync(scheduled)
@@ -285,7 +290,9 @@ class LLMEngine:
         scheduled = self._schedule()  # a sequence of the step in flight holds PLACEHOLDER as its last token
         prev, self._inflight = self._inflight, None
         if scheduled.is_empty:
-            return outputs + (self._collect(prev) if prev is not None else [])
+            outputs += self._collect(prev) if prev is not None else []
+            self.checks.validation.resolve()  # a deferred check of the last step, with no step to follow it
+            return outputs
         if self._needs_tokens(scheduled):  # read the step in flight, then run this one as the sync engine does
             if prev is not None:
                 outputs += self._collect(prev)

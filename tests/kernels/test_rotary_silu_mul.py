@@ -55,6 +55,33 @@ def test_rotary_query_tap_holds_the_first_rotated_q_rows(tokens: int, rows: int)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("tokens", "kv_heads", "head_dim"), [(1, 1, 64), (13, 3, 32)])
+def test_rotary_store_writes_the_rotated_k_and_v_as_store_kvcache_does(dtype, tokens, kv_heads, head_dim) -> None:
+    from kvpilot.engine.kernels.store_kvcache.reference import store_kvcache_reference
+
+    gen = torch.Generator().manual_seed(tokens * 7 + kv_heads)
+    heads, blocks, page = 2 * kv_heads, 6, 4
+    positions = torch.randint(0, 4096, (tokens,), generator=gen).to(DEVICE)
+    inv_freq = rope_inv_freq(head_dim, 10000.0, None).to(DEVICE)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen).to(dtype).to(DEVICE)
+    q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
+    k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
+    v = qkv[:, (heads + kv_heads) * head_dim :].view(tokens, kv_heads, head_dim)  # strided rows, as in the model
+    slots = torch.randperm(blocks * page, generator=gen)[:tokens].to(torch.int32)
+    slots[tokens // 2] = -1  # a padded row: written nowhere
+    slots = slots.to(DEVICE)
+    caches = [torch.full((blocks, page, kv_heads, head_dim), 5.0, dtype=dtype, device=DEVICE) for _ in range(4)]
+    got_q, got_k = rotary_triton(positions, inv_freq, q, k, store=(v, caches[0], caches[1], slots))
+    want_q, want_k = rotary_triton(positions, inv_freq, q, k)
+    torch.testing.assert_close(got_q, want_q, rtol=0, atol=0)
+    torch.testing.assert_close(got_k, want_k, rtol=0, atol=0)
+    store_kvcache_reference(want_k, v, caches[2], caches[3], slots)
+    torch.testing.assert_close(caches[0], caches[2], rtol=0, atol=0)
+    torch.testing.assert_close(caches[1], caches[3], rtol=0, atol=0)
+    assert (caches[0] == 5.0).sum() == (blocks * page - (tokens - 1)) * kv_heads * head_dim
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("tokens", "width"), [(1, 1), (15, 300), (4, 2500)])
 def test_silu_mul_matches_reference(dtype: torch.dtype, tokens: int, width: int) -> None:
     gen = torch.Generator().manual_seed(width)

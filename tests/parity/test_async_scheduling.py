@@ -116,7 +116,9 @@ def test_auto_is_off_on_cpu(checkpoint: str) -> None:
     [
         # 8-bit KV with runtime validation on every sequence every 4 tokens; a threshold of 1 fails each inexact check,
         # so sequences fall back (requeued, recomputed exactly) right after the step that launched
-        {"kv_cache_dtype": "int8", "validate_every": 4, "validation_sample_rate": 1.0, "validation_threshold": 1.0},
+        # (both engines read a check after the next step's launch, as async scheduling does by default)
+        {"kv_cache_dtype": "int8", "validate_every": 4, "validation_sample_rate": 1.0, "validation_threshold": 1.0,
+         "validation_verdict": "next_step"},
         {"eviction": "sinks", "eviction_sinks": 4, "eviction_window": 32},  # block tables rewritten after steps
         {"attention": "mla", "latent_rank": 16},  # MLA conversion (SVD latent cache)
         {"attention": "gqa", "kv_head_groups": 1},  # K/V heads merged at load

@@ -73,14 +73,14 @@ def test_checks_on_mixed_prefill_and_decode_steps_compare_the_sampled_decode(twi
     expect = CASES[case]
     strategy = case.split("_to_")[0]
     cosines: list[tuple[str, float]] = []
-    validate = runner_mod.validate_attention
+    decide = runner_mod.verdict
 
-    def recording(exact, approx, name, *args, **kw):
-        result = validate(exact, approx, name, *args, **kw)
+    def recording(finite, cosine, name, *args, **kw):
+        result = decide(finite, cosine, name, *args, **kw)
         cosines.append((name, result.cosine))
         return result
 
-    monkeypatch.setattr(runner_mod, "validate_attention", recording)
+    monkeypatch.setattr(runner_mod, "verdict", recording)
     due = mixed = beside_reserve = 0  # sequences due for a check; of them beside a prefill; beside a reserve one
     before_run = runner_mod.ValidationRunner.before_run
 

@@ -23,6 +23,7 @@ from kvpilot.engine.config.strategy import (
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOAD_FORMATS = ("auto", "dummy")
 ASYNC_SCHEDULING = ("auto", "on", "off")
+VALIDATION_VERDICTS = ("auto", "next_step", "same_step")
 
 
 def knob(default: Any, help: str, **cli: Any) -> Any:
@@ -100,6 +101,11 @@ class EngineConfig:
     validation_sample_rate: float = knob(0.1, "share of sequences validated")
     validation_layer: int = 0  # the layer compared (negative: from the end); a check costs ~(layer+1)/L of a prefill
     validation_threshold: float = 0.92  # cosine below this moves the sequence to the exact path
+    validation_verdict: str = knob(
+        "auto", "when a runtime-validation check is read on the host: next_step (after the following step is "
+        "launched: the host never waits for the device, a failing sequence moves one step later), same_step "
+        "(a host/device sync after the step). auto: next_step under async scheduling", choices=VALIDATION_VERDICTS,
+    )  # fmt: skip
     fallback_reserve: float = knob(
         0.1, "share of the KV memory kept as exact-path blocks (16-bit K/V, full context, unconverted "
         "layers) for sequences that fail runtime validation under a lossy strategy; 0: none (warn only)",
@@ -144,6 +150,8 @@ class EngineConfig:
             )
         if self.async_scheduling not in ASYNC_SCHEDULING:
             raise ValueError(f"async_scheduling must be one of {ASYNC_SCHEDULING}, got {self.async_scheduling!r}")
+        if self.validation_verdict not in VALIDATION_VERDICTS:
+            raise ValueError(f"validation_verdict must be one of {VALIDATION_VERDICTS}, got {self.validation_verdict!r}")
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
         if self.max_model_len is not None and self.max_model_len < 2:

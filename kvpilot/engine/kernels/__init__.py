@@ -22,20 +22,25 @@ __all__ = ["paged_attention_decode", "paged_attention_prefill", "rmsnorm", "rota
 
 def rotary(
     positions: torch.Tensor, inv_freq: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-    query_tap: torch.Tensor | None = None,
+    query_tap: torch.Tensor | None = None, store: tuple[torch.Tensor, ...] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Rotate-half RoPE of q [T, H, D] and k [T, Hkv, D] at positions [T] (new tensors). query_tap [R, H, D]
-    (optional) also receives the rotated q of the first min(T, R) tokens (worker/cuda_graphs.QueryTap)."""
+    (optional) also receives the rotated q of the first min(T, R) tokens (worker/cuda_graphs.QueryTap).
+    store (v, k_cache, v_cache, slot_mapping), optional: the rotated k and v are also written into the paged
+    16-bit caches, as `store_kvcache` would (in the same kernel on the Triton path)."""
     half = inv_freq.numel()
     fits = q.dim() == 3 and k.dim() == 3 and q.shape[-1] == k.shape[-1] == 2 * half and half & (half - 1) == 0
     if fits and q.stride(-1) == 1 and k.stride(-1) == 1 and backend_for(q) == "triton":
         from kvpilot.engine.kernels.rotary.launcher import rotary_triton
 
-        return rotary_triton(positions.contiguous(), inv_freq.contiguous(), q, k, query_tap)
+        return rotary_triton(positions.contiguous(), inv_freq.contiguous(), q, k, query_tap, store)  # type: ignore[arg-type]
     q_out, k_out = rotary_reference(positions, inv_freq, q, k)
     if query_tap is not None:
         rows = min(q_out.shape[0], query_tap.shape[0])
         query_tap[:rows].copy_(q_out[:rows])
+    if store is not None:
+        v, k_cache, v_cache, slots = store
+        store_kvcache(k_out, v, k_cache, v_cache, slots)
     return q_out, k_out
 
 

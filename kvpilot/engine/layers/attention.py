@@ -29,8 +29,20 @@ class Attention(nn.Module):
         self.v_cache = torch.empty(0)
         self.kv_quant: Any = None  # strategies/kv_quant/layer.LayerKVQuant when the cache is int8/fp8/auto-switched
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]."""
+    def fused_store(self, v: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+        """(v, k_cache, v_cache, slot_mapping) where this step's K/V can be written by the rotary kernel
+        (kernels.rotary's `store`): the plain 16-bit paged path in the activations' dtype; else None, and
+        forward stores them. The caller then calls forward with stored=True."""
+        ctx = get_context()
+        if ctx.dense or self.kv_quant is not None or ctx.slot_mapping is None:
+            return None
+        kc, vc = self.k_cache, self.v_cache
+        if kc.dim() != 4 or kc.dtype != v.dtype or not (kc.is_contiguous() and vc.is_contiguous()):
+            return None
+        return v, kc, vc, ctx.slot_mapping
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, stored: bool = False) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]; stored: k/v are in the cache already (fused_store)."""
         ctx = get_context()
         if ctx.dense:
             return self._dense_causal(q, k, v)
@@ -39,7 +51,8 @@ class Attention(nn.Module):
         out_dtype, cache_dtype = q.dtype, self.k_cache.dtype
         if cache_dtype != out_dtype:  # kv_cache_dtype differs from the model's: attend in the cache's
             q, k, v = q.to(cache_dtype), k.to(cache_dtype), v.to(cache_dtype)
-        store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+        if not stored:
+            store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
         n_prefill = ctx.num_prefill_tokens
         if n_prefill == q.shape[0]:
             o = self._prefill(q, ctx)

@@ -60,10 +60,11 @@ class RotaryEmbedding(nn.Module):
         self.query_tap: torch.Tensor | None = None  # [R, H, D]: the first R rotated q rows (cuda_graphs.QueryTap)
 
     def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, store: tuple[torch.Tensor, ...] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # kernels/rotary/: Triton on CUDA, the reference elsewhere
-        return rotary(positions, self.inv_freq, q, k, self.query_tap)
+        # kernels/rotary/: Triton on CUDA, the reference elsewhere; `store` (Attention.fused_store) writes the
+        # rotated k and v into the paged cache in the same kernel
+        return rotary(positions, self.inv_freq, q, k, self.query_tap, store)
 
 
 class SiluAndMulMLP(nn.Module):
@@ -87,7 +88,9 @@ class SiluAndMulMLP(nn.Module):
 class DecoderStack(nn.Module):
     """embed_tokens -> decoder layers -> final norm: the `model.*` part of every family (HF names).
 
-    Each layer is called as `layer(positions, x)`.
+    Each layer is called as `layer(positions, x)`, or, where it has one, as `layer.forward_carry(positions, h,
+    residual) -> (h, residual)` with its output the sum of the two: the sum is then formed by the next layer's
+    input norm (`RMSNorm.add_forward`, one pass), as vLLM's fused add-norm does; the values are the same.
     """
 
     def __init__(self, vocab_size: int, hidden_size: int, eps: float, layers: Iterable[nn.Module]) -> None:
@@ -98,6 +101,15 @@ class DecoderStack(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        residual: torch.Tensor | None = None
         for layer in self.layers:
+            carry = getattr(layer, "forward_carry", None)
+            if carry is not None:
+                x, residual = carry(positions, x, residual)
+                continue
+            if residual is not None:
+                x, residual = x + residual, None
             x = layer(positions, x)
-        return self.norm(x)
+        if residual is None:
+            return self.norm(x)
+        return self.norm.add_forward(x, residual)[0]

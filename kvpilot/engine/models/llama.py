@@ -45,8 +45,10 @@ class LlamaAttention(nn.Module):
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary_emb(positions, q, k)
-        o = self.attn(q, k, v)
+        # the plain paged layer: the rotary kernel also writes this step's K/V into the cache (one launch)
+        store = self.attn.fused_store(v) if type(self.attn) is Attention else None
+        q, k = self.rotary_emb(positions, q, k, store)
+        o = self.attn(q, k, v, stored=True) if store is not None else self.attn(q, k, v)
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
 
 
@@ -59,9 +61,22 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = SiluAndMulMLP(config.hidden_size, config.intermediate_size)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        h = self.self_attn(positions, self.input_layernorm(x))
-        h, x = self.post_attention_layernorm.add_forward(h, x)  # residual add fused into the norm
-        return x + self.mlp(h)
+        h, residual = self.forward_carry(positions, x, None)
+        return h + residual
+
+    def forward_carry(
+        self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mlp output, residual stream before it): the layer's output is their sum, which the next layer's
+        input norm (or the final norm) adds in its own pass (DecoderStack), so no layer launches an add."""
+        if residual is None:  # the first layer: h is the embedding
+            x = h
+            normed = self.input_layernorm(x)
+        else:
+            normed, x = self.input_layernorm.add_forward(h, residual)
+        a = self.self_attn(positions, normed)
+        a, x = self.post_attention_layernorm.add_forward(a, x)  # residual add fused into the norm
+        return self.mlp(a), x
 
 
 class LlamaForCausalLM(CausalLM):

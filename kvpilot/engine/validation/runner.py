@@ -4,6 +4,10 @@ Every `validate_every` decode tokens of a sampled sequence, the decode step capt
 served attention output and each `ApproximationCheck` that applies computes the exact one
 (`DenseRecompute`: a dense, cache-free pass); a cosine below `validation_threshold` moves the
 sequence to its exact path. What is compared and why: docs/long_context.md, "Runtime validation".
+
+A check's values are computed on the device after its step and read on the host either then (`same_step`,
+a host/device synchronisation) or after the next step has been launched (`next_step`, the default under
+async scheduling): the host never waits for the device, and a failing sequence moves one step later.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from kvpilot.engine.core.scheduler import SchedulerOutput
 from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.layers.attention import Attention
 from kvpilot.engine.metrics.stats_contract import FALLBACK_REASONS
-from kvpilot.engine.validation.cosine import should_validate, validate_attention
+from kvpilot.engine.sampling_params import SamplingParams
+from kvpilot.engine.validation.cosine import measure_attention, should_validate, verdict
 
 log = logging.getLogger("kvpilot.engine.validation")
 
@@ -201,11 +206,33 @@ def is_sampled(request_id: str, rate: float) -> bool:
     return rate >= 1.0 or zlib.crc32(request_id.encode()) / 2**32 < rate
 
 
+class PendingChecks:
+    """One step's checks, their values [n, 2] (finite, cosine) on their way to the host."""
+
+    def __init__(self, entries: list[tuple[ApproximationCheck, Sequence, int]], values: torch.Tensor) -> None:
+        self.entries = entries
+        if values.is_cuda:
+            self.host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            self.host.copy_(values, non_blocking=True)
+            self.event: torch.cuda.Event | None = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host, self.event = values, None
+
+    def read(self) -> list[tuple[ApproximationCheck, Sequence, int, bool, float]]:
+        if self.event is not None:
+            self.event.synchronize()  # queued before the step launched since: that step keeps the device busy
+        values = self.host.tolist()
+        return [(check, seq, n, finite > 0, cosine) for (check, seq, n), (finite, cosine) in zip(self.entries, values, strict=True)]
+
+
 class ValidationRunner:
     """Captures the served attention at one layer on due decode steps and runs the checks after."""
 
     def __init__(self, config: EngineConfig, runner: ValidatedRunner, checks: list[ApproximationCheck]) -> None:
         self.runner = runner
+        self.deferred = False  # read each step's checks after the next step's launch (LLMEngine sets it)
+        self._pending: PendingChecks | None = None
         self.checks = list(checks)
         self.every = config.validate_every
         self.rate = config.validation_sample_rate
@@ -225,6 +252,19 @@ class ValidationRunner:
         self.checks_skipped_total = 0  # the exact side ran out of device memory (or no served row): logged, served on
         self._due: list[tuple[int, Sequence, int, list[ApproximationCheck]]] = []
         self._capture: StepCapture | None = None
+
+    def warm_up(self, lengths: tuple[int, ...] = (37, 700)) -> None:
+        """Run the recomputing checks' exact side and the measurement once per length, on a throwaway sequence,
+        so the first real check does not pay for the device's first use of those kernels (a 320 ms check step
+        on the H200: docs/benchmarks.md, issue 30). Nothing is counted or decided."""
+        vocab = self.runner.model_config.vocab_size
+        for check in self.checks:
+            if not isinstance(check, DenseRecompute):
+                continue
+            for n in lengths:
+                seq = Sequence("validation-warm-up", [(7 * i + 3) % vocab for i in range(n)], SamplingParams(max_tokens=1))
+                exact = check.exact_attention(seq, self.layer, n)
+                measure_attention(exact.float(), exact.float()).tolist()
 
     def before_run(self, out: SchedulerOutput) -> None:
         """Pick this step's due decodes and capture their outputs at the validated layer: through the decode
@@ -259,10 +299,13 @@ class ValidationRunner:
         return tap if tap is not None and tap.layer == self.layer else None
 
     def after_step(self) -> None:
-        """Compare each due sequence's served output with its checks' exact ones; fall back if low."""
+        """Compute each due sequence's checks (served output against their exact ones) on the device, then
+        decide them: now, or (deferred) after the next step, deciding the previous step's checks first."""
         capture, self._capture = self._capture, None
         if capture is not None:
             capture.remove()
+        if self.deferred:
+            self.resolve()
         if not self._due:
             return
         due, self._due = self._due, []
@@ -274,18 +317,34 @@ class ValidationRunner:
             return
         served, served_rows = captured
         rows = dict(self.runner.last_sample_rows)  # scheduled index -> packed row of its sampled token
+        entries: list[tuple[ApproximationCheck, Sequence, int]] = []
+        values: list[torch.Tensor] = []
         for index, seq, num_tokens, checks in due:
             if not served_rows[rows[index]]:  # attended on the reserve, without the validated module
                 self.checks_skipped_total += 1
                 log.error("validation of %s skipped: its row was not served by the validated layer", seq.request_id)
                 continue
             approx = served[rows[index]]
-            for check in checks:
-                self._check(check, seq, num_tokens, approx)
-                if seq.exact_path:
-                    break
+            for check in checks:  # every applicable check is measured; the first that fails moves the sequence
+                measured = self._measure(check, seq, num_tokens, approx)
+                if measured is not None:
+                    entries.append((check, seq, num_tokens))
+                    values.append(measured)
+        if entries:
+            self._pending = PendingChecks(entries, torch.stack(values))
+            if not self.deferred:
+                self.resolve()
 
-    def _check(self, check: ApproximationCheck, seq: Sequence, num_tokens: int, approx: torch.Tensor) -> None:
+    def resolve(self) -> None:
+        """Decide the checks still on their way to the host (a deferred step's), falling back where low."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        for check, seq, num_tokens, finite, cosine in pending.read():
+            if not seq.exact_path:  # an earlier check of the step moved it already
+                self._decide(check, seq, num_tokens, finite, cosine)
+
+    def _measure(self, check: ApproximationCheck, seq: Sequence, num_tokens: int, approx: torch.Tensor) -> torch.Tensor | None:
         try:
             exact = check.exact_attention(seq, self.layer, num_tokens)
         except torch.OutOfMemoryError as exc:  # a check must never take the engine down: skip it, serve on
@@ -294,9 +353,12 @@ class ValidationRunner:
                 torch.cuda.empty_cache()
             log.warning("validation of %s at token %d skipped: the exact %s side ran out of device memory (%s)",
                         seq.request_id, num_tokens, check.name, str(exc).split(".")[0])
-            return
+            return None
+        return measure_attention(exact.float(), approx.float())
+
+    def _decide(self, check: ApproximationCheck, seq: Sequence, num_tokens: int, finite: bool, cosine: float) -> None:
         can = check.can_fall_back(seq)
-        result = validate_attention(exact.float(), approx.float(), check.name, self.threshold, has_exact_path=can)
+        result = verdict(finite, cosine, check.name, self.threshold, has_exact_path=can)
         self.checks_total += 1
         self.last_cosine = None if result.cosine != result.cosine else result.cosine  # the feed is JSON: no NaN
         if result.reason is None:
@@ -316,6 +378,7 @@ class ValidationRunner:
             check.fall_back(seq)
 
     def feed(self) -> dict:
+        self.resolve()  # a deferred step's checks count once the feed is read, even if no step follows
         return {
             "checks_total": self.checks_total,
             "fallbacks_total": {name: dict(reasons) for name, reasons in self.fallbacks_total.items()},

@@ -2,6 +2,9 @@
 
 With a query tap (TAP_ROWS > 0) the first TAP_ROWS tokens' rotated q rows are also stored there: what
 a sampled metric reads of a decode step that a CUDA graph replays (worker/cuda_graphs.QueryTap).
+With STORE the program also writes its token's rotated k and its v into the paged 16-bit caches
+[blocks, block_size, Hkv, D] at the token's slot (slot -1: not written), the attention layer's store
+kernel folded in: one launch a layer fewer, and k is not read back.
 """
 
 from __future__ import annotations
@@ -33,13 +36,15 @@ def _rotate_heads(x_ptr, out_ptr, t, H, stride_xt, stride_xh, stride_ot, stride_
             tap = tap_ptr + t * stride_tt + heads * stride_th + cols
             tl.store(tap, o1, mask=mask)
             tl.store(tap + HALF, o2, mask=mask)
+    return o1, o2
 
 
 @step_kernel
 def _rotary_kernel(pos_ptr, inv_freq_ptr, q_ptr, q_out_ptr, k_ptr, k_out_ptr, tap_ptr, HQ, HK,
                    stride_qt, stride_qh, stride_qot, stride_qoh, stride_kt, stride_kh, stride_kot, stride_koh,
-                   stride_tt, stride_th,
-                   HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, TAP_ROWS: tl.constexpr):  # fmt: skip
+                   stride_tt, stride_th, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr, stride_vt, stride_vh,
+                   HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, TAP_ROWS: tl.constexpr,
+                   STORE: tl.constexpr):  # fmt: skip
     # q and k in one program: the angles, cos and sin are computed once per token, and a decode
     # step's layer launches one kernel for both (at batch 1 the launch is most of its time)
     t = tl.program_id(0)
@@ -50,5 +55,16 @@ def _rotary_kernel(pos_ptr, inv_freq_ptr, q_ptr, q_out_ptr, k_ptr, k_out_ptr, ta
     sin = tl.sin(angle).to(dtype).to(tl.float32)
     _rotate_heads(q_ptr, q_out_ptr, t, HQ, stride_qt, stride_qh, stride_qot, stride_qoh, cos, sin, tap_ptr,
                   stride_tt, stride_th, HALF, BLOCK_HQ, TAP_ROWS)  # fmt: skip
-    _rotate_heads(k_ptr, k_out_ptr, t, HK, stride_kt, stride_kh, stride_kot, stride_koh, cos, sin, tap_ptr,
-                  stride_tt, stride_th, HALF, BLOCK_HK, 0)  # fmt: skip
+    k1, k2 = _rotate_heads(k_ptr, k_out_ptr, t, HK, stride_kt, stride_kh, stride_kot, stride_koh, cos, sin, tap_ptr,
+                           stride_tt, stride_th, HALF, BLOCK_HK, 0)  # fmt: skip
+    if STORE:
+        slot = tl.load(slot_mapping_ptr + t).to(tl.int64)
+        if slot >= 0:
+            heads = tl.arange(0, BLOCK_HK)[:, None]
+            mask = heads < HK
+            row = slot * HK * (2 * HALF) + heads * (2 * HALF) + cols  # the cache's [Hkv, D] row of this slot
+            tl.store(k_cache_ptr + row, k1, mask=mask)
+            tl.store(k_cache_ptr + row + HALF, k2, mask=mask)
+            src = v_ptr + t * stride_vt + heads * stride_vh + cols
+            tl.store(v_cache_ptr + row, tl.load(src, mask=mask), mask=mask)
+            tl.store(v_cache_ptr + row + HALF, tl.load(src + HALF, mask=mask), mask=mask)
