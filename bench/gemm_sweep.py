@@ -1,4 +1,4 @@
-"""cuBLAS against the Triton GEMM (kernels/gemm) at a model's decode GEMM shapes, M = decode batch.
+"""cuBLAS against the Triton GEMM (bench/triton_gemm.py) at a model's decode GEMM shapes, M = decode batch.
 
     PYTHONPATH=. python3 bench/gemm_sweep.py [--shape llama-3-8b] [--m 1,16,...,256] [--json PATH]
 
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
-from kvpilot.engine.kernels.gemm.launcher import GemmConfig, linear_triton
+from bench.triton_gemm import GemmConfig, linear_triton
 
 L2_FLUSH_BYTES = 256 << 20
 GRID = [  # (block_n, block_k, num_stages, num_warps)

@@ -1,5 +1,7 @@
-"""Triton y[M, N] = x[M, K] @ w[N, K].T, fp32 accumulation, optional split over K.
+"""A Triton y[M, N] = x[M, K] @ w[N, K].T for bench/gemm_sweep.py: fp32 accumulation, optional split over K.
 
+Measured against cuBLAS at the decode shapes on the H200 (docs/benchmarks.md, issue 30 session 15) it lost
+at almost every point, so the engine keeps cuBLAS; the kernel stays here as the sweep's candidate.
 Tiles are grouped along M (GROUP_M tiles of one column block run next to each other) so the weight tile a
 column block reads is shared in L2 by the programs that need it. With SPLIT_K > 1 each program sums one
 slice of K into a fp32 partial [SPLIT_K, M, N]; `_sum_partials_kernel` adds the slices in a fixed order
@@ -8,8 +10,13 @@ slice of K into a fp32 partial [SPLIT_K, M, N]; `_sum_partials_kernel` adds the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
 import triton
 import triton.language as tl
+
+from kvpilot.engine.kernels.dispatch import check_triton_device
 
 
 @triton.jit
@@ -55,3 +62,52 @@ def _sum_partials_kernel(part_ptr, out_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl
     for s in tl.static_range(SPLIT_K):
         acc += tl.load(part_ptr + s * MN + offs, mask=mask, other=0.0)
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+SUM_BLOCK = 1024
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One tiling of the kernel (kernel.py); `num_warps`/`num_stages` go to Triton."""
+
+    block_m: int = 64
+    block_n: int = 128
+    block_k: int = 64
+    group_m: int = 8
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+
+    def label(self) -> str:
+        return (f"m{self.block_m}n{self.block_n}k{self.block_k}g{self.group_m}s{self.split_k}"
+                f"w{self.num_warps}st{self.num_stages}")  # fmt: skip
+
+
+def linear_triton(x: torch.Tensor, weight: torch.Tensor, config: GemmConfig) -> torch.Tensor:
+    """x [M, K] @ weight[N, K].T -> [M, N] in x's dtype (rows of both contiguous in K)."""
+    check_triton_device(x, weight)
+    assert x.dim() == 2 and weight.dim() == 2 and x.shape[1] == weight.shape[1], (
+        f"{tuple(x.shape)} @ {tuple(weight.shape)}.T"
+    )
+    assert x.stride(1) == 1 and weight.stride(1) == 1 and x.dtype == weight.dtype
+    m, k = x.shape
+    n = weight.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    c = config
+    tiles = triton.cdiv(m, c.block_m) * triton.cdiv(n, c.block_n)
+    if c.split_k == 1:
+        _gemm_kernel[(tiles, 1)](x, weight, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0), 0, 1,
+                                 BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
+                                 num_warps=c.num_warps, num_stages=c.num_stages)  # fmt: skip
+        return out
+    partial = torch.empty((c.split_k, m, n), dtype=torch.float32, device=x.device)
+    _gemm_kernel[(tiles, c.split_k)](x, weight, partial, m, n, k, x.stride(0), weight.stride(0), n, m * n, c.split_k,
+                                     BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
+                                     num_warps=c.num_warps, num_stages=c.num_stages)  # fmt: skip
+    _sum_partials_kernel[(triton.cdiv(m * n, SUM_BLOCK),)](
+        partial, out, m * n, SPLIT_K=c.split_k, BLOCK=SUM_BLOCK
+    )
+    return out
