@@ -21,6 +21,30 @@ from kvpilot.engine.make_model import make_model
 from kvpilot.engine.sampling_params import SamplingParams
 
 
+def shape_engine(shape: str, args: Any) -> LLMEngine:
+    """An engine of a named shape (kvpilot.bench.shapes) with random weights and the parsed EngineConfig knobs
+    (kvpilot.engine.config.arguments.add_config_arguments)."""
+    from kvpilot.bench.shapes import write_shape
+    from kvpilot.engine.config import EngineConfig
+    from kvpilot.engine.config.arguments import config_kwargs
+
+    knobs = config_kwargs(args)
+    knobs["load_format"] = "dummy"
+    with tempfile.TemporaryDirectory() as tmp:
+        return LLMEngine(EngineConfig(model=str(write_shape(shape, tmp)), show_progress=False, **knobs))
+
+
+def kernel_table(prof: Any, per: int, top: int) -> tuple[float, list[tuple[float, float, str]]]:
+    """(GPU kernel ms per `per`, the `top` kernels as (ms per `per`, calls per `per`, name)) of a torch profile."""
+    kernels: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            kernels.setdefault(event.name, []).append(event.device_time)
+    total = sum(sum(v) for v in kernels.values()) / per / 1e3
+    rows = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return total, [(sum(us) / per / 1e3, len(us) / per, name[:110]) for name, us in rows]
+
+
 def admit_computed(engine: LLMEngine, batch: int, context: int, max_tokens: int, fill_cache: bool = True) -> None:
     """`batch` running requests of `context` random prompt tokens with all but the last computed.
 

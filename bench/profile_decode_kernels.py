@@ -16,16 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 import time
 
 import torch
 
-from bench.decode_harness import admit_computed
-from kvpilot.bench.shapes import SHAPES, write_shape
-from kvpilot.engine.config import EngineConfig
-from kvpilot.engine.config.arguments import add_config_arguments, config_kwargs
-from kvpilot.engine.llm_engine import LLMEngine
+from bench.decode_harness import admit_computed, kernel_table, shape_engine
+from kvpilot.bench.shapes import SHAPES
+from kvpilot.engine.config.arguments import add_config_arguments
 
 
 def main() -> None:
@@ -37,10 +34,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=18)
     add_config_arguments(parser.add_argument_group("engine"))
     args = parser.parse_args()
-    knobs = config_kwargs(args)
-    knobs["load_format"] = "dummy"
-    with tempfile.TemporaryDirectory() as tmp:
-        engine = LLMEngine(EngineConfig(model=str(write_shape(args.shape, tmp)), show_progress=False, **knobs))
+    engine = shape_engine(args.shape, args)
     admit_computed(engine, args.batch, args.context, max_tokens=3 * args.steps + 10)
     for _ in range(5):
         engine.step()
@@ -69,15 +63,10 @@ def main() -> None:
         for _ in range(args.steps):
             engine.step()
         torch.cuda.synchronize()
-    kernels: dict[str, list[float]] = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            kernels.setdefault(event.name, []).append(event.device_time)
-    total = sum(sum(v) for v in kernels.values()) / args.steps / 1e3
+    total, rows = kernel_table(prof, args.steps, args.top)
     print(f"GPU kernel time {total:.2f} ms/step; top kernels (ms/step, calls/step):")
-    rows = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[: args.top]
-    for name, us in rows:
-        print(f"  {sum(us) / args.steps / 1e3:7.3f}  {len(us) / args.steps:6.1f}  {name[:110]}")
+    for ms, calls, name in rows:
+        print(f"  {ms:7.3f}  {calls:6.1f}  {name}")
     print(json.dumps({"bench": "decode_profile", "shape": args.shape, "batch": args.batch, "context": args.context,
                       "step_ms": round(step_ms, 3), "synced_step_ms": round(synced_ms, 3),
                       "async_scheduling": engine.async_scheduling, "gpu_kernel_ms": round(total, 3),

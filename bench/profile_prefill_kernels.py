@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import random
-import tempfile
 import time
 
 import torch
 
-from kvpilot.bench.shapes import SHAPES, write_shape
-from kvpilot.engine.config import EngineConfig
-from kvpilot.engine.config.arguments import add_config_arguments, config_kwargs
+from bench.decode_harness import kernel_table, shape_engine
+from kvpilot.bench.shapes import SHAPES
+from kvpilot.engine.config.arguments import add_config_arguments
 from kvpilot.engine.llm_engine import LLMEngine
 from kvpilot.engine.sampling_params import SamplingParams
 
@@ -38,10 +37,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=16)
     add_config_arguments(parser.add_argument_group("engine"))
     args = parser.parse_args()
-    knobs = config_kwargs(args)
-    knobs["load_format"] = "dummy"
-    with tempfile.TemporaryDirectory() as tmp:
-        engine = LLMEngine(EngineConfig(model=str(write_shape(args.shape, tmp)), show_progress=False, **knobs))
+    engine = shape_engine(args.shape, args)
     count = max(1, engine.config.max_num_batched_tokens // args.prompt)
     rng = random.Random(0)
     from torch.profiler import ProfilerActivity, profile
@@ -56,15 +52,11 @@ def main() -> None:
         wall = (time.perf_counter() - start) * 1e3
         while engine.has_unfinished_requests():
             engine.step()
-    kernels: dict[str, list[float]] = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            kernels.setdefault(event.name, []).append(event.device_time)
-    total = sum(sum(v) for v in kernels.values()) / 1e3
+    total, rows = kernel_table(prof, 1, args.top)
     print(f"{args.shape} kv {engine.config.kv_cache_dtype} prefill step of {count} x {args.prompt} tokens: "
           f"{wall:.1f} ms wall (profiled), GPU kernels {total:.1f} ms; top kernels (ms, calls):", flush=True)
-    for name, us in sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[: args.top]:
-        print(f"  {sum(us) / 1e3:8.3f}  {len(us):5d}  {name[:110]}")
+    for ms, calls, name in rows:
+        print(f"  {ms:8.3f}  {calls:5.0f}  {name}")
 
 
 if __name__ == "__main__":
