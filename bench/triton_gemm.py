@@ -111,3 +111,32 @@ def linear_triton(x: torch.Tensor, weight: torch.Tensor, config: GemmConfig) -> 
         partial, out, m * n, SPLIT_K=c.split_k, BLOCK=SUM_BLOCK
     )
     return out
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y[0, N] = x[0, K] @ w[N, K].T for one row: each program reduces BLOCK_N weight rows over K."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    ks = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wn + ks[None, :]
+    for k in range(0, K, BLOCK_K):
+        k_mask = (k + ks) < K
+        x = tl.load(x_ptr + k + ks, mask=k_mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
+        acc += w * x[None, :]
+        w_ptrs += BLOCK_K
+    tl.store(out_ptr + rows, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=row_mask)
+
+
+def gemv_triton(x: torch.Tensor, weight: torch.Tensor, block_n: int, block_k: int, num_warps: int,
+                num_stages: int) -> torch.Tensor:  # fmt: skip
+    """x [1, K] @ weight[N, K].T -> [1, N]."""
+    check_triton_device(x, weight)
+    assert x.shape[0] == 1 and x.is_contiguous() and weight.stride(1) == 1 and x.shape[1] == weight.shape[1]
+    n, k = weight.shape
+    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    _gemv_kernel[(triton.cdiv(n, block_n),)](x, weight, out, n, k, weight.stride(0), BLOCK_N=block_n,
+                                             BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)  # fmt: skip
+    return out

@@ -22,7 +22,7 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("tokens", "heads", "kv_heads", "head_dim"), [(1, 4, 1, 64), (15, 8, 2, 128), (63, 3, 3, 32)])
+@pytest.mark.parametrize(("tokens", "heads", "kv_heads", "head_dim"), [(1, 4, 1, 64), (15, 8, 2, 128), (63, 3, 3, 32), (5, 20, 4, 64)])
 def test_rotary_matches_reference(dtype: torch.dtype, tokens: int, heads: int, kv_heads: int, head_dim: int) -> None:
     gen = torch.Generator().manual_seed(tokens + heads)
     positions = torch.randint(0, 8192, (tokens,), generator=gen).to(DEVICE)
@@ -42,9 +42,9 @@ def test_rotary_query_tap_holds_the_first_rotated_q_rows(tokens: int, rows: int)
     gen = torch.Generator().manual_seed(tokens)
     positions = torch.randint(0, 4096, (tokens,), generator=gen).to(DEVICE)
     inv_freq = rope_inv_freq(64, 10000.0, None).to(DEVICE)
-    q = torch.randn(tokens, 6, 64, generator=gen).to(DEVICE)
+    q = torch.randn(tokens, 12, 64, generator=gen).to(DEVICE)  # two programs' worth of query heads per token
     k = torch.randn(tokens, 2, 64, generator=gen).to(DEVICE)
-    tap = torch.full((rows, 6, 64), 7.0, device=DEVICE)
+    tap = torch.full((rows, 12, 64), 7.0, device=DEVICE)
     got_q, got_k = rotary_triton(positions, inv_freq, q, k, query_tap=tap)
     want_q, want_k = rotary_triton(positions, inv_freq, q, k)
     torch.testing.assert_close(got_q, want_q, rtol=0, atol=0)

@@ -107,7 +107,9 @@ def check_steps(steps: list[tuple[str | None, int | None]]) -> int:
     assert not [reason for reason, _ in steps if reason and "hook" in reason]
     assert all(steps[i][1] == 0 for i in replayed)
     assert on_reserve and all("fallback reserve" in steps[i][0] for i in on_reserve)
-    assert len(on_reserve) >= LENGTHS["in"] - guards.EVERY - 2  # 'in''s decodes on the reserve ran eagerly
+    # 'in''s decodes on the reserve ran eagerly (one fewer where its check was read a step later: CUDA's
+    # async scheduling, validation_verdict=next_step)
+    assert len(on_reserve) >= LENGTHS["in"] - guards.EVERY - 3
     assert replayed[0] < on_reserve[0] and replayed[-1] > on_reserve[-1]
     assert len(replayed) >= LENGTHS["out"] - LENGTHS["in"]
     return len(replayed)

@@ -190,7 +190,7 @@ class DenseRecompute:
             handle = module.register_forward_pre_hook(last_row)
         else:
             handle = module.register_forward_hook(stop)
-        ids = torch.tensor(seq.token_ids[:num_tokens], dtype=torch.long, device=runner.device)
+        ids = token_ids_on(runner.device, seq.token_ids[:num_tokens])
         try:
             with dense_context(capture_layer=layer):  # tensor-parallel ranks stop at this layer too
                 runner.model(ids, torch.arange(num_tokens, device=runner.device))
@@ -199,6 +199,16 @@ class DenseRecompute:
         finally:
             handle.remove()
         return store["out"]
+
+
+def token_ids_on(device: torch.device, ids: list[int]) -> torch.Tensor:
+    """ids as a long tensor on `device`, copied from pinned memory on CUDA: a copy from pageable memory
+    blocks the host until the device has run everything queued before it (the whole step in flight), which
+    made every check a host/device sync (0.92 s of host time for 118 checks, docs/benchmarks.md, issue 30)."""
+    host = torch.tensor(ids, dtype=torch.long)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def is_sampled(request_id: str, rate: float) -> bool:

@@ -16,9 +16,9 @@ from kvpilot.engine.kernels.specialization import step_kernel
 
 
 @triton.jit
-def _rotate_heads(x_ptr, out_ptr, t, H, stride_xt, stride_xh, stride_ot, stride_oh, cos, sin, tap_ptr,
+def _rotate_heads(x_ptr, out_ptr, t, h0, H, stride_xt, stride_xh, stride_ot, stride_oh, cos, sin, tap_ptr,
                   stride_tt, stride_th, HALF: tl.constexpr, BLOCK_H: tl.constexpr, TAP_ROWS: tl.constexpr):  # fmt: skip
-    heads = tl.arange(0, BLOCK_H)[:, None]
+    heads = h0 + tl.arange(0, BLOCK_H)[:, None]
     cols = tl.arange(0, HALF)[None, :]
     mask = heads < H
     dtype = out_ptr.dtype.element_ty
@@ -45,26 +45,30 @@ def _rotary_kernel(pos_ptr, inv_freq_ptr, q_ptr, q_out_ptr, k_ptr, k_out_ptr, ta
                    stride_tt, stride_th, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr, stride_vt, stride_vh,
                    HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, TAP_ROWS: tl.constexpr,
                    STORE: tl.constexpr):  # fmt: skip
-    # q and k in one program: the angles, cos and sin are computed once per token, and a decode
-    # step's layer launches one kernel for both (at batch 1 the launch is most of its time)
+    # program (token, part): part 0 rotates the token's k (and stores k and v), part p >= 1 its query heads
+    # [(p - 1) * BLOCK_HQ, p * BLOCK_HQ): at batch 1 a single program per token was latency-bound (4.6 us a
+    # launch on the H200); the angles are recomputed per part (HALF values, cheap)
     t = tl.program_id(0)
+    part = tl.program_id(1)
     cols = tl.arange(0, HALF)[None, :]
     angle = tl.load(pos_ptr + t).to(tl.float32) * tl.load(inv_freq_ptr + cols).to(tl.float32)
     dtype = q_out_ptr.dtype.element_ty
     cos = tl.cos(angle).to(dtype).to(tl.float32)  # rounded as the reference's cos.to(dtype)
     sin = tl.sin(angle).to(dtype).to(tl.float32)
-    _rotate_heads(q_ptr, q_out_ptr, t, HQ, stride_qt, stride_qh, stride_qot, stride_qoh, cos, sin, tap_ptr,
-                  stride_tt, stride_th, HALF, BLOCK_HQ, TAP_ROWS)  # fmt: skip
-    k1, k2 = _rotate_heads(k_ptr, k_out_ptr, t, HK, stride_kt, stride_kh, stride_kot, stride_koh, cos, sin, tap_ptr,
-                           stride_tt, stride_th, HALF, BLOCK_HK, 0)  # fmt: skip
-    if STORE:
-        slot = tl.load(slot_mapping_ptr + t).to(tl.int64)
-        if slot >= 0:
-            heads = tl.arange(0, BLOCK_HK)[:, None]
-            mask = heads < HK
-            row = slot * HK * (2 * HALF) + heads * (2 * HALF) + cols  # the cache's [Hkv, D] row of this slot
-            tl.store(k_cache_ptr + row, k1, mask=mask)
-            tl.store(k_cache_ptr + row + HALF, k2, mask=mask)
-            src = v_ptr + t * stride_vt + heads * stride_vh + cols
-            tl.store(v_cache_ptr + row, tl.load(src, mask=mask), mask=mask)
-            tl.store(v_cache_ptr + row + HALF, tl.load(src + HALF, mask=mask), mask=mask)
+    if part > 0:
+        _rotate_heads(q_ptr, q_out_ptr, t, (part - 1) * BLOCK_HQ, HQ, stride_qt, stride_qh, stride_qot, stride_qoh,
+                      cos, sin, tap_ptr, stride_tt, stride_th, HALF, BLOCK_HQ, TAP_ROWS)  # fmt: skip
+    else:
+        k1, k2 = _rotate_heads(k_ptr, k_out_ptr, t, 0, HK, stride_kt, stride_kh, stride_kot, stride_koh, cos, sin,
+                               tap_ptr, stride_tt, stride_th, HALF, BLOCK_HK, 0)  # fmt: skip
+        if STORE:
+            slot = tl.load(slot_mapping_ptr + t).to(tl.int64)
+            if slot >= 0:
+                heads = tl.arange(0, BLOCK_HK)[:, None]
+                mask = heads < HK
+                row = slot * HK * (2 * HALF) + heads * (2 * HALF) + cols  # the cache's [Hkv, D] row of this slot
+                tl.store(k_cache_ptr + row, k1, mask=mask)
+                tl.store(k_cache_ptr + row + HALF, k2, mask=mask)
+                src = v_ptr + t * stride_vt + heads * stride_vh + cols
+                tl.store(v_cache_ptr + row, tl.load(src, mask=mask), mask=mask)
+                tl.store(v_cache_ptr + row + HALF, tl.load(src + HALF, mask=mask), mask=mask)

@@ -1,4 +1,4 @@
-"""Launcher for the RoPE kernel: checks the contract, then one launch, one program per token for its q and k."""
+"""Launcher for the RoPE kernel: checks the contract, then one launch: per token one program for k, one per 8 q heads."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import triton
 from kvpilot.engine.kernels.dispatch import check_triton_device
 from kvpilot.engine.kernels.rotary.kernel import _rotary_kernel
 
+Q_HEADS_PER_PROGRAM = 8  # query heads a program rotates; k (and the store) take one more program per token
 KVStore = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # v [T, Hkv, D], k/v caches, slots [T]
 
 
@@ -52,12 +53,13 @@ def rotary_triton(
     else:
         v, k_cache, v_cache, slots = k, k_out, k_out, positions  # unused: STORE is off
     if q.shape[0]:
-        _rotary_kernel[(q.shape[0],)](
+        block_hq = min(triton.next_power_of_2(q.shape[1]), Q_HEADS_PER_PROGRAM)
+        _rotary_kernel[(q.shape[0], 1 + triton.cdiv(q.shape[1], block_hq))](
             positions, inv_freq, q, q_out, k, k_out, tap, q.shape[1], k.shape[1],
             q.stride(0), q.stride(1), q_out.stride(0), q_out.stride(1),
             k.stride(0), k.stride(1), k_out.stride(0), k_out.stride(1), tap.stride(0), tap.stride(1),
             v, k_cache, v_cache, slots, v.stride(0), v.stride(1),
-            HALF=half, BLOCK_HQ=triton.next_power_of_2(q.shape[1]), BLOCK_HK=triton.next_power_of_2(k.shape[1]),
+            HALF=half, BLOCK_HQ=block_hq, BLOCK_HK=triton.next_power_of_2(k.shape[1]),
             TAP_ROWS=0 if query_tap is None else query_tap.shape[0], STORE=store is not None,
         )  # fmt: skip
     return q_out, k_out

@@ -31,7 +31,7 @@ from kvpilot.engine.core.reserve import ReserveFallback
 from kvpilot.engine.core.sequence import Sequence
 from kvpilot.engine.strategies.contract import RunnerView
 from kvpilot.engine.strategies.gqa.compensate import checked_kv
-from kvpilot.engine.validation.runner import DenseRecompute
+from kvpilot.engine.validation.runner import DenseRecompute, token_ids_on
 
 _PROJ = ("k_proj", "v_proj")
 
@@ -100,7 +100,7 @@ class GqaCheck(DenseRecompute, ReserveFallback):
             raise _Captured
 
         handle = module.register_forward_pre_hook(stop)
-        ids = torch.tensor(seq.token_ids[:num_tokens], dtype=torch.long, device=runner.device)
+        ids = token_ids_on(runner.device, seq.token_ids[:num_tokens])  # no host/device sync
         try:
             with dense_context():
                 runner.model(ids, torch.arange(num_tokens, device=runner.device))
