@@ -12,7 +12,7 @@
 # Everything is logged to $OUT/issue30.log; each step's JSON record also to $OUT/records.jsonl.
 set -u
 start=$SECONDS
-if [[ ${1:-speed} != int8 && ${1:-speed} != fresh && ${1:-speed} != sweep && ${1:-speed} != fused && ${1:-speed} != verify && ${1:-speed} != strategies ]]; then  # int8 and fresh run no server: no wheels to carry
+if [[ ${1:-speed} != int8 && ${1:-speed} != fresh && ${1:-speed} != sweep && ${1:-speed} != fused && ${1:-speed} != verify ]]; then  # int8 and fresh run no server: no wheels to carry
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
 fi
@@ -44,7 +44,7 @@ serve_dir() { mkdir -p "/tmp/serve-$1" && cp /tmp/offline.json "/tmp/serve-$1/of
 case "${1:-speed}" in
 strategies)  # session 15, third call: the GPU tests of the strategies over the changed Llama layers
   export STEP_FILES=1 TRITON_CACHE_DIR=/tmp/triton-cache
-  step gpu_tests 400 python3 -m pytest -p no:cacheprovider -m gpu -q -o addopts="" -rf \
+  step gpu_tests 400 python3 -m pytest -p no:cacheprovider -m gpu -q -o addopts="" -rf --continue-on-collection-errors \
     tests/gpu/test_eviction_gpu.py tests/gpu/test_kv_quant_engine_gpu.py tests/gpu/test_strategy_kernels_gpu.py \
     tests/gpu/test_calibrated_conversions_gpu.py tests/gpu/test_linear_gpu.py tests/gpu/test_structured_gpu.py \
     tests/gpu/test_moe_graphs_gpu.py tests/gpu/test_engine_gpu.py
