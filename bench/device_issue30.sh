@@ -9,6 +9,11 @@
 #                                                                     # fresh-prefill path; its GPU test; bounds
 #   run(command="bash bench/device_issue30.sh serve", carry=[".whl"])  # serving burst, engine core in its own
 #                                                                     # process and in a thread; Poisson 2 req/s
+#   run(command="BUDGET=400 bash bench/device_issue30.sh sweep")      # cuBLAS vs Triton GEMM at the decode shapes;
+#                                                                     # one prefill step's kernels, bf16 and int8
+#   run(command="BUDGET=480 bash bench/device_issue30.sh verify")     # kernel + GPU tests, GEMV at M=1, offline
+#                                                                     # breakdown int8 and bf16, batch-1 step
+#   (stages fused and strategies: session 15's first measurement and its strategies' GPU tests)
 # Everything is logged to $OUT/issue30.log; each step's JSON record also to $OUT/records.jsonl.
 set -u
 start=$SECONDS
