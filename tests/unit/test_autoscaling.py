@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 from kvpilot.operator import constants as c
+from kvpilot.operator.autoscaling import policy
 from kvpilot.operator.autoscaling.hpa import adapter_rule, build_hpa, quantity
 from kvpilot.operator.autoscaling.policy import HANDOFF_MANAGER, leave_replicas, owns_replicas, track_bounds
 from kvpilot.operator.autoscaling.spec import AutoscalingError, AutoscalingSpec
-from kvpilot.operator.kube import object_path
+from kvpilot.operator.kube import KubeError, object_path
 from tests.unit.operator_fakes import service
 
 pytestmark = pytest.mark.unit
@@ -121,6 +122,50 @@ def test_a_track_outside_new_bounds_is_brought_inside():
     kube = OwnershipKube(_deployment(12, "kube-controller-manager"))
     leave_replicas(kube, BUILT, initial=2, bounds=(2, 8))
     assert kube.patches[0][1]["spec"] == {"replicas": 8}
+
+
+class ScaledUnderneathKube(OwnershipKube):
+    """The HPA scales the Deployment after each read: a handoff carrying the read's resourceVersion is
+    refused (409) as the API server refuses a stale precondition, and the next read sees the new count."""
+
+    def __init__(self, live: dict[str, Any], scale_to: list[int]) -> None:
+        super().__init__(live)
+        self.scale_to = scale_to
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        seen = super().get(path)
+        if self.scale_to:  # the HPA writes right after this read
+            self.live["spec"]["replicas"] = self.scale_to.pop(0)
+            self.live["metadata"]["resourceVersion"] = str(int(self.live["metadata"]["resourceVersion"]) + 1)
+            self.live["metadata"]["managedFields"][0]["manager"] = "kube-controller-manager"
+            self.live["metadata"]["managedFields"][0]["operation"] = "Update"
+        return seen
+
+    def request(self, method: str, path: str, *, body: Any = None, params: Any = None,
+                content_type: str = "") -> dict[str, Any]:
+        if body["metadata"].get("resourceVersion") != self.live["metadata"]["resourceVersion"]:
+            raise KubeError(method, path, 409, "the object has been modified")
+        self.live["spec"]["replicas"] = body["spec"]["replicas"]
+        return super().request(method, path, body=body, params=params, content_type=content_type)
+
+
+def test_a_handoff_never_puts_back_a_count_the_hpa_changed_after_the_read():
+    live = _deployment(1, c.FIELD_MANAGER)  # the operator created the canary at 1 and still owns the count
+    live["metadata"]["resourceVersion"] = "10"
+    kube = ScaledUnderneathKube(live, scale_to=[2])  # the HPA scales 1 -> 2 between the read and the handoff
+    out = leave_replicas(kube, BUILT, initial=1, bounds=(1, 3))
+    assert "replicas" not in out["spec"]
+    assert kube.live["spec"]["replicas"] == 2 and kube.patches == []  # refused, re-read: the HPA owns 2, left alone
+
+
+def test_a_handoff_that_keeps_losing_the_race_keeps_the_count_for_the_next_reconcile(monkeypatch):
+    monkeypatch.setattr(policy, "HANDOFF_BACKOFF_S", 0.0)
+    live = _deployment(1, c.FIELD_MANAGER)
+    live["metadata"]["resourceVersion"] = "10"
+    kube = ScaledUnderneathKube(live, scale_to=[9] * 10)  # always out of bounds, always moved on
+    out = leave_replicas(kube, BUILT, initial=1, bounds=(1, 3))
+    assert out["spec"]["replicas"] == 3  # the apply keeps owning it, clamped into the bounds, this once
+    assert kube.patches == [] and kube.live["spec"]["replicas"] == 9
 
 
 def test_object_path_knows_hpas():
