@@ -7,21 +7,10 @@ import triton
 
 from kvpilot.engine.kernels.dispatch import check_triton_device
 from kvpilot.engine.kernels.rotary.kernel import _rotary_kernel
+from kvpilot.engine.kernels.store_kvcache.launcher import check_store_contract
 
 Q_HEADS_PER_PROGRAM = 8  # query heads a program rotates; k (and the store) take one more program per token
 KVStore = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # v [T, Hkv, D], k/v caches, slots [T]
-
-
-def check_store(store: KVStore, k: torch.Tensor) -> None:
-    """The store's contract: store_kvcache's (contiguous 16-bit caches in k's dtype, one slot per token)."""
-    v, k_cache, v_cache, slots = store
-    assert v.shape == k.shape and v.dtype == k.dtype and v.stride(2) == 1, f"v {tuple(v.shape)} must be k's shape"
-    assert k_cache.dim() == 4 and k_cache.shape == v_cache.shape and k_cache.shape[2:] == k.shape[1:], (
-        f"caches must be [blocks, block_size, {k.shape[1]}, {k.shape[2]}], got {tuple(k_cache.shape)}"
-    )
-    assert k_cache.is_contiguous() and v_cache.is_contiguous(), "k_cache and v_cache must be contiguous"
-    assert k_cache.dtype == v_cache.dtype == k.dtype, f"cache dtype {k_cache.dtype} != k {k.dtype}"
-    assert slots.shape == (k.shape[0],) and slots.dtype in (torch.int32, torch.int64) and slots.is_contiguous()
 
 
 def rotary_triton(
@@ -48,8 +37,9 @@ def rotary_triton(
         )
         assert query_tap.stride(2) == 1 and query_tap.device == q.device, "query_tap: last dim contiguous, q's device"
     if store is not None:
-        check_store(store, k)
         v, k_cache, v_cache, slots = store
+        check_triton_device(v, k_cache, v_cache, slots)
+        check_store_contract(k, v, k_cache, v_cache, slots)  # store_kvcache's: the same write
     else:
         v, k_cache, v_cache, slots = k, k_out, k_out, positions  # unused: STORE is off
     if q.shape[0]:

@@ -11,15 +11,11 @@ from kvpilot.engine.kernels.store_kvcache.kernel import _store_kvcache_kernel
 TOKENS_PER_PROGRAM = 16
 
 
-def store_kvcache_triton(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
+def check_store_contract(
+    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    """key/value [N, Hkv, D] (each token's Hkv*D row contiguous) into caches [blocks, block_size, Hkv, D]."""
-    check_triton_device(key, value, k_cache, v_cache, slot_mapping)
+    """What a write of key/value [N, Hkv, D] into caches [blocks, block_size, Hkv, D] at slot_mapping [N] needs
+    (this kernel's, and the rotary kernel's when it stores: kernels/rotary/launcher.py)."""
     assert key.dim() == 3 and key.shape == value.shape, f"key {tuple(key.shape)} / value {tuple(value.shape)}: want equal [N, Hkv, D]"
     num_tokens, num_kv_heads, head_dim = key.shape
     assert k_cache.dim() == 4 and k_cache.shape == v_cache.shape, "k_cache/v_cache: want equal [num_blocks, block_size, Hkv, D]"
@@ -31,6 +27,19 @@ def store_kvcache_triton(
     assert slot_mapping.shape == (num_tokens,), f"slot_mapping {tuple(slot_mapping.shape)}: want [{num_tokens}]"
     assert slot_mapping.dtype in (torch.int32, torch.int64), f"slot_mapping dtype {slot_mapping.dtype}: want int32"
     assert slot_mapping.is_contiguous(), "slot_mapping must be contiguous"
+
+
+def store_kvcache_triton(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """key/value [N, Hkv, D] (each token's Hkv*D row contiguous) into caches [blocks, block_size, Hkv, D]."""
+    check_triton_device(key, value, k_cache, v_cache, slot_mapping)
+    check_store_contract(key, value, k_cache, v_cache, slot_mapping)
+    num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
         return
     row = num_kv_heads * head_dim
