@@ -167,3 +167,34 @@ def test_nginx_accepts_the_render_without_any_listener(tmp_path: Path) -> None:
     result = subprocess.run(["/usr/sbin/nginx", "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr + text
+
+
+def _answer_conf(prefix: Path, port: int, body: str) -> str:
+    return (f"worker_processes 1; pid {prefix / 'nginx.pid'}; error_log {prefix / 'error.log'} warn;\n"
+            "events { worker_connections 64; }\n"
+            f"http {{ access_log off; client_body_temp_path {prefix / 'tmp' / 'body'};\n"
+            f"  proxy_temp_path {prefix / 'tmp' / 'proxy'}; keepalive_timeout 0;\n"
+            f"  server {{ listen 127.0.0.1:{port}; location / {{ return 200 '{body}'; }} }} }}\n")
+
+
+@pytest.mark.skipif(shutil.which("/usr/sbin/nginx") is None, reason="nginx not installed (apt-get install nginx-light)")
+def test_a_reload_has_taken_effect_when_apply_returns(tmp_path: Path) -> None:
+    """The controller writes route status right after apply(): every connection from then on must
+    meet the new configuration, not an old worker that has not yet closed its listening socket."""
+    import urllib.request
+
+    from kvpilot.cluster.gateway.nginx_process import NginxProcess, children
+    from kvpilot.cluster.processes import free_ports
+
+    (port,) = free_ports(1)
+    nginx = NginxProcess(tmp_path)
+    try:
+        nginx.apply(_answer_conf(tmp_path, port, "v0"))
+        for i in range(1, 6):
+            nginx.apply(_answer_conf(tmp_path, port, f"v{i}"))
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as resp:
+                assert resp.read().decode() == f"v{i}", f"reload {i}: an old worker answered"
+        assert nginx.reloads == 5
+        assert nginx.pid is not None and children(nginx.pid)
+    finally:
+        nginx.stop()

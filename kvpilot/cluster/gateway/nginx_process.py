@@ -2,15 +2,41 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 from kvpilot.cluster import processes
 
 NGINX = os.environ.get("KVPILOT_NGINX", "/usr/sbin/nginx")
+RELOAD_TIMEOUT_S = 10.0
+log = logging.getLogger("kvpilot.gateway")
+
+
+def children(pid: int) -> set[int]:
+    """The live child processes of `pid` (from /proc/*/stat: the parent is the field after the state)."""
+    out: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 1 and fields[1] == str(pid) and fields[0] not in ("Z", "X"):
+            out.add(int(entry.name))
+    return out
+
+
+def accepting(worker: int) -> bool:
+    """True while an nginx worker still takes new connections: it is alive and has not yet retitled
+    itself "worker process is shutting down" (which it does right before it closes its listening
+    sockets on the master's QUIT)."""
+    return processes.is_alive(worker) and "shutting down" not in processes.cmdline(worker)
 
 
 def nginx_missing() -> str | None:
@@ -44,7 +70,10 @@ class NginxProcess:
     def apply(self, text: str) -> None:
         """Write the configuration; start nginx on the first call, reload it gracefully later
         (SIGHUP, what `nginx -s reload` sends: new workers take new connections, old ones finish
-        theirs)."""
+        theirs). A reload returns once the old workers stopped accepting, so whatever the caller
+        does next (the route status it writes) is true of every new connection; without the wait a
+        client saw the new configuration answer and the next connection answered by an old worker
+        (the CI failure of test_unsupported_route_features_are_reported_in_status: 500 then 404)."""
         self._dirs()
         tmp = self.conf.with_suffix(".tmp")
         tmp.write_text(text)
@@ -55,8 +84,23 @@ class NginxProcess:
             processes.wait_until(lambda: (self.prefix / "nginx.pid").exists(), "nginx", 30, self.proc.pid,
                                  self.prefix / "error.log")
         else:
-            self.proc.send_signal(signal.SIGHUP)
-            self.reloads += 1
+            self._reload()
+
+    def _reload(self) -> None:
+        assert self.proc is not None
+        old = children(self.proc.pid)
+        self.proc.send_signal(signal.SIGHUP)
+        self.reloads += 1
+        deadline = time.monotonic() + RELOAD_TIMEOUT_S
+        while time.monotonic() < deadline:
+            workers = children(self.proc.pid)
+            if not any(accepting(w) for w in old) and any(accepting(w) for w in workers - old):
+                return
+            time.sleep(0.005)
+        # nginx refused the new configuration at run time (a port it cannot bind): the old workers
+        # go on serving the previous one; its error log says why.
+        log.error("nginx reload %d did not take effect within %.0f s (old workers still accepting); "
+                  "see %s", self.reloads, RELOAD_TIMEOUT_S, self.prefix / "error.log")
 
     def reopen_logs(self) -> None:
         """SIGUSR1: nginx reopens its log files (after the caller renamed one)."""
