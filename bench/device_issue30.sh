@@ -14,10 +14,13 @@
 #   run(command="BUDGET=480 bash bench/device_issue30.sh verify")     # kernel + GPU tests, GEMV at M=1, offline
 #                                                                     # breakdown int8 and bf16, batch-1 step
 #   (stages fused and strategies: session 15's first measurement and its strategies' GPU tests)
+#   run(command="BUDGET=560 bash bench/device_issue30.sh gemv")       # the fused GEMV + add + RMSNorm: its kernel and
+#                                                                     # GPU tests, the sweep against cuBLAS + norm,
+#                                                                     # batch 1 and 4 with --fused-gemv-rows
 # Everything is logged to $OUT/issue30.log; each step's JSON record also to $OUT/records.jsonl.
 set -u
 start=$SECONDS
-if [[ ${1:-speed} != int8 && ${1:-speed} != fresh && ${1:-speed} != sweep && ${1:-speed} != fused && ${1:-speed} != verify ]]; then  # int8 and fresh run no server: no wheels to carry
+if [[ ${1:-speed} != int8 && ${1:-speed} != fresh && ${1:-speed} != sweep && ${1:-speed} != fused && ${1:-speed} != verify && ${1:-speed} != gemv ]]; then  # int8 and fresh run no server: no wheels to carry
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
 fi
@@ -47,6 +50,19 @@ W="--num-requests 256 --input-len 100:1024 --output-len 100:1024 --seed 0"
 E=${SERVE_FLAGS:---max-num-seqs 256 --max-num-batched-tokens 16384 --cuda-graphs}  # as bench/device_serving.sh
 serve_dir() { mkdir -p "/tmp/serve-$1" && cp /tmp/offline.json "/tmp/serve-$1/offline.json"; echo "/tmp/serve-$1"; }
 case "${1:-speed}" in
+gemv)  # session 16 (prepared without a device): the fused GEMV + add + RMSNorm for batch 1 (fused_gemv_rows)
+  export STEP_FILES=1 TRITON_CACHE_DIR=/tmp/triton-cache
+  step kernel_tests 90 python3 -m pytest -p no:cacheprovider -q -o addopts="" -rf tests/kernels/test_gemv_norm.py \
+    tests/kernels/test_rmsnorm.py tests/kernels/test_rotary_silu_mul.py
+  step gpu_tests 150 python3 -m pytest -p no:cacheprovider -m gpu -q -o addopts="" -rf tests/gpu/test_fused_gemv_gpu.py \
+    tests/gpu/test_cuda_graphs_gpu.py
+  step gemv_norm_sweep 150 python3 bench/gemv_norm_sweep.py --json "$out/gemv_norm_sweep.json"
+  step decode_b1 45 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 --top 16
+  step decode_b1_fused 45 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 --top 16 \
+    --fused-gemv-rows 1
+  step decode_b4_fused 45 python3 bench/profile_decode_kernels.py --batch 4 --context 512 --max-num-seqs 8 --top 8 \
+    --fused-gemv-rows 4
+  ;;
 strategies)  # session 15, third call: the GPU tests of the strategies over the changed Llama layers
   export STEP_FILES=1 TRITON_CACHE_DIR=/tmp/triton-cache
   step gpu_tests 400 python3 -m pytest -p no:cacheprovider -m gpu -q -o addopts="" -rf --continue-on-collection-errors \

@@ -128,6 +128,11 @@ class EngineConfig:
         "auto", "auto: the checkpoint's safetensors; dummy: random weights of config.json's shape (benchmarks)",
         choices=LOAD_FORMATS,
     )  # fmt: skip
+    fused_gemv_rows: int = knob(
+        0, "steps of at most this many tokens run each Llama-family layer's o_proj and down_proj as one Triton "
+        "GEMV with the residual add, the next RMSNorm and SiLU fused in (kernels/gemv_norm; one GPU); "
+        "0: cuBLAS and separate kernels; at most 64",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -152,6 +157,8 @@ class EngineConfig:
             raise ValueError(f"async_scheduling must be one of {ASYNC_SCHEDULING}, got {self.async_scheduling!r}")
         if self.validation_verdict not in VALIDATION_VERDICTS:
             raise ValueError(f"validation_verdict must be one of {VALIDATION_VERDICTS}, got {self.validation_verdict!r}")
+        if not 0 <= self.fused_gemv_rows <= 64:  # kernels/gemv_norm/launcher.MAX_ROWS
+            raise ValueError(f"fused_gemv_rows must be in [0, 64] (0: off), got {self.fused_gemv_rows}")
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -17,7 +17,10 @@ from kvpilot.engine.kernels.rotary.reference import rotary_reference
 from kvpilot.engine.kernels.silu_mul.reference import silu_mul_reference
 from kvpilot.engine.kernels.store_kvcache.reference import store_kvcache_reference
 
-__all__ = ["paged_attention_decode", "paged_attention_prefill", "rmsnorm", "rotary", "silu_mul", "store_kvcache"]
+__all__ = [
+    "linear_add_rmsnorm", "paged_attention_decode", "paged_attention_prefill", "rmsnorm", "rotary", "silu_mul",
+    "store_kvcache",
+]  # fmt: skip
 
 
 def rotary(
@@ -62,6 +65,22 @@ def rmsnorm(
 
         return rmsnorm_triton(x, weight, eps, residual)
     return rmsnorm_reference(x, weight, eps, residual)
+
+
+def linear_add_rmsnorm(
+    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+    silu_input: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """rmsnorm(x @ weight.T, norm_weight, eps, residual) (with x = [gate | up] -> silu(gate) * up first when
+    silu_input): one Triton launch for a few rows (kernels/gemv_norm), else the separate ops."""
+    if backend_for(x) == "triton" and x.dim() == 2 and x.shape[0] <= 64:
+        from kvpilot.engine.kernels.gemv_norm.launcher import linear_add_rmsnorm_triton
+
+        return linear_add_rmsnorm_triton(x, weight, residual, norm_weight, eps, silu_input)
+    if silu_input:
+        gate, up = x.chunk(2, dim=-1)
+        x = silu_mul(gate, up)
+    return rmsnorm(torch.nn.functional.linear(x, weight), norm_weight, eps, residual)
 
 
 def store_kvcache(

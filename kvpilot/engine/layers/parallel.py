@@ -145,9 +145,13 @@ class MergedLinear:
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Each linear's output, as views of the one GEMM's [T, sum of widths]."""
+        return self.joined(x).split(self.widths, dim=-1)
+
+    def joined(self, x: torch.Tensor) -> torch.Tensor:
+        """The one GEMM's output [T, sum of widths], the linears' outputs side by side."""
         if any(lin.weight.data_ptr() != self._row_ptr(i) for i, lin in enumerate(self.linears)):
             self.weight, self.bias = self._merge()
-        return F.linear(x, self.weight, self.bias).split(self.widths, dim=-1)
+        return F.linear(x, self.weight, self.bias)
 
     def _row_ptr(self, index: int) -> int:
         return self.weight.data_ptr() + sum(self.widths[:index]) * self.weight.stride(0) * self.weight.element_size()

@@ -88,9 +88,12 @@ class SiluAndMulMLP(nn.Module):
 class DecoderStack(nn.Module):
     """embed_tokens -> decoder layers -> final norm: the `model.*` part of every family (HF names).
 
-    Each layer is called as `layer(positions, x)`, or, where it has one, as `layer.forward_carry(positions, h,
-    residual) -> (h, residual)` with its output the sum of the two: the sum is then formed by the next layer's
-    input norm (`RMSNorm.add_forward`, one pass), as vLLM's fused add-norm does; the values are the same.
+    Each layer is called as `layer(positions, x)`, or, where it has one, as `layer.forward_carry(positions,
+    normed, x, next_norm) -> (next normed, x)`: `x` is the residual stream, `normed` its input norm already
+    applied, and the layer applies `next_norm` (the next carry layer's input norm, or the final norm) to its
+    own output sum in the same pass as the residual add (vLLM's fused add-norm; the values are the same),
+    or returns (None, x) when `next_norm` is None. So no layer launches an add, and a layer may fuse its last
+    projection with the next norm (LlamaDecoderLayer, kernels/gemv_norm).
     """
 
     def __init__(self, vocab_size: int, hidden_size: int, eps: float, layers: Iterable[nn.Module]) -> None:
@@ -99,17 +102,21 @@ class DecoderStack(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(hidden_size, eps)
 
+    def _next_norm(self, index: int) -> RMSNorm | None:
+        if index + 1 == len(self.layers):
+            return self.norm
+        nxt = self.layers[index + 1]
+        return nxt.input_layernorm if hasattr(nxt, "forward_carry") else None
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
-        residual: torch.Tensor | None = None
-        for layer in self.layers:
+        normed: torch.Tensor | None = None  # x under the next carry layer's input norm, when already formed
+        for i, layer in enumerate(self.layers):
             carry = getattr(layer, "forward_carry", None)
-            if carry is not None:
-                x, residual = carry(positions, x, residual)
+            if carry is None:
+                x, normed = layer(positions, x), None
                 continue
-            if residual is not None:
-                x, residual = x + residual, None
-            x = layer(positions, x)
-        if residual is None:
-            return self.norm(x)
-        return self.norm.add_forward(x, residual)[0]
+            if normed is None:
+                normed = layer.input_layernorm(x)
+            normed, x = carry(positions, normed, x, self._next_norm(i))
+        return normed if normed is not None else self.norm(x)

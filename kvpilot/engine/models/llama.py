@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from kvpilot.engine.config import ModelConfig
+from kvpilot.engine.kernels import linear_add_rmsnorm
 from kvpilot.engine.layers.attention import Attention
 from kvpilot.engine.layers.parallel import MergedLinear, column_linear, row_linear
 from kvpilot.engine.models.causal_lm import CausalLM
@@ -37,6 +38,10 @@ class LlamaAttention(nn.Module):
         self.qkv = MergedLinear([self.q_proj, self.k_proj, self.v_proj])
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return self.o_proj(self.attend(positions, x))
+
+    def attend(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The attention output before o_proj, [T, heads x head_dim]."""
         t = x.shape[0]
         if self.qkv is not None:
             q, k, v = self.qkv(x)
@@ -49,7 +54,13 @@ class LlamaAttention(nn.Module):
         store = self.attn.fused_store(v) if type(self.attn) is Attention else None
         q, k = self.rotary_emb(positions, q, k, store)
         o = self.attn(q, k, v, stored=True) if store is not None else self.attn(q, k, v)
-        return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
+        return o.reshape(t, self.num_heads * self.head_dim)
+
+
+def _plain_linear(module: nn.Module) -> bool:
+    """An unsharded, bias-free nn.Linear without hooks: its weight can go straight to a fused kernel."""
+    return (type(module) is nn.Linear and module.bias is None and not module._forward_hooks
+            and not module._forward_pre_hooks)  # fmt: skip
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -59,24 +70,39 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = LlamaAttention(config, qkv_bias)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SiluAndMulMLP(config.hidden_size, config.intermediate_size)
+        self.fused_gemv_rows = 0  # EngineConfig.fused_gemv_rows (LlamaForCausalLM.fuse_gemv)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        h, residual = self.forward_carry(positions, x, None)
-        return h + residual
+        return self.forward_carry(positions, self.input_layernorm(x), x, None)[1]
+
+    def _fusable(self, tokens: int) -> bool:
+        """o_proj and down_proj as kernels/gemv_norm launches: a step of few tokens, the plain layer (a
+        strategy that wraps self_attn, e.g. the GQA reserve or MLA, keeps the separate ops)."""
+        attn, mlp = self.self_attn, self.mlp
+        return (0 < tokens <= self.fused_gemv_rows and type(attn) is LlamaAttention and _plain_linear(attn.o_proj)
+                and mlp.gate_up is not None and _plain_linear(mlp.down_proj))  # fmt: skip
 
     def forward_carry(
-        self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mlp output, residual stream before it): the layer's output is their sum, which the next layer's
-        input norm (or the final norm) adds in its own pass (DecoderStack), so no layer launches an add."""
-        if residual is None:  # the first layer: h is the embedding
-            x = h
-            normed = self.input_layernorm(x)
+        self, positions: torch.Tensor, normed: torch.Tensor, x: torch.Tensor, next_norm: RMSNorm | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(next_norm(out), out) for this layer's output out (DecoderStack's carry; (None, out) without a
+        next norm). The residual adds are fused into the norms after them; with `fused_gemv_rows`, o_proj
+        and down_proj are fused with them too (and down_proj with the SiLU before it)."""
+        post = self.post_attention_layernorm
+        if self._fusable(normed.shape[0]):
+            a, x = linear_add_rmsnorm(self.self_attn.attend(positions, normed), self.self_attn.o_proj.weight, x,
+                                      post.weight, post.eps)  # fmt: skip
+            if next_norm is not None:
+                assert self.mlp.gate_up is not None
+                gate_up = self.mlp.gate_up.joined(a)  # [T, gate | up]
+                return linear_add_rmsnorm(gate_up, self.mlp.down_proj.weight, x, next_norm.weight, next_norm.eps,
+                                          silu_input=True)  # fmt: skip
         else:
-            normed, x = self.input_layernorm.add_forward(h, residual)
-        a = self.self_attn(positions, normed)
-        a, x = self.post_attention_layernorm.add_forward(a, x)  # residual add fused into the norm
-        return self.mlp(a), x
+            a, x = post.add_forward(self.self_attn(positions, normed), x)  # residual add fused into the norm
+        h = self.mlp(a)
+        if next_norm is None:
+            return None, h + x
+        return next_norm.add_forward(h, x)
 
 
 class LlamaForCausalLM(CausalLM):
@@ -96,6 +122,11 @@ class LlamaForCausalLM(CausalLM):
         for layer in self.model.layers:
             layer.self_attn.merge_projections()
             layer.mlp.merge_projections()
+
+    def fuse_gemv(self, rows: int) -> None:
+        """Steps of at most `rows` tokens fuse o_proj / down_proj with the norms after them (0: never)."""
+        for layer in self.model.layers:
+            layer.fused_gemv_rows = rows
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]

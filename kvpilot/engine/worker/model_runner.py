@@ -82,6 +82,8 @@ class ModelRunner:
             load_weights(self.model, config.model, config.weight_sha256, config.show_progress, transform)
         self.model.eval()
         self.strategies.load(self, self.world)  # GQA regrouping, MLA (native or converted), Performer
+        if config.fused_gemv_rows and self.world == 1 and hasattr(self.model, "fuse_gemv"):
+            self.model.fuse_gemv(config.fused_gemv_rows)  # kernels/gemv_norm (the Triton backend; else the same ops)
         self.mla = self.strategies.mla.state
         self.gqa_orders = self.strategies.gqa.orders  # per layer, when GQA heads were grouped on calibration text
         self.linear_state = build_linear_state(self.model, config, self.device)  # None: no recurrent state

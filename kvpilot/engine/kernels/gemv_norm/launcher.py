@@ -1,0 +1,78 @@
+"""Launcher for the fused small-batch linear + add + RMSNorm: checks the contract, sizes the grid,
+and owns the per-device ticket counters the kernel resets after each use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from kvpilot.engine.kernels.dispatch import check_triton_device
+from kvpilot.engine.kernels.gemv_norm.kernel import _gemv_norm_kernel
+from kvpilot.engine.kernels.paged_decode.heuristics import num_sms
+
+MAX_ROWS = 64  # counters per device: one per row of a call
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """How one call is launched: weight rows per program, K per loop step, K splits."""
+
+    block_n: int = 16
+    block_k: int = 256
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def gemv_config(n: int, k: int, device: torch.device) -> GemvConfig:
+    """Split K only while the weight-row blocks alone leave SMs without two programs each (a
+    weight-streaming kernel needs many loads in flight) and each split keeps >= 1024 of K."""
+    cfg = GemvConfig()
+    blocks = triton.cdiv(n, cfg.block_n)
+    split = max(1, min(2 * num_sms(device) // blocks, k // 1024, 8))
+    return GemvConfig(split_k=split)
+
+
+def counters(device: torch.device, rows: int) -> torch.Tensor:
+    """The device's zeroed ticket counters (allocated on first use, which must not be inside a CUDA
+    graph capture: the zero fill would be a graph node; DecodeGraphs.capture runs each bucket eagerly first)."""
+    if rows > MAX_ROWS:
+        raise ValueError(f"the fused GEMV takes at most {MAX_ROWS} rows, got {rows}")
+    found = _COUNTERS.get(device)
+    if found is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("the fused GEMV's counters are allocated by a first call outside CUDA graph capture")
+        found = _COUNTERS[device] = torch.zeros(MAX_ROWS, dtype=torch.int32, device=device)
+    return found
+
+
+def linear_add_rmsnorm_triton(
+    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+    silu_input: bool = False, config: GemvConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """x [M, K] (silu_input: [M, 2K] = [gate | up]), weight [N, K], residual [M, N], norm_weight [N]
+    -> (norm_weight * rmsnorm(y + residual), y + residual), y = x @ weight.T; M <= MAX_ROWS."""
+    check_triton_device(x, weight, residual, norm_weight)
+    assert x.dim() == 2 and weight.dim() == 2 and x.stride(1) == 1 and weight.stride(1) == 1, "rows must be contiguous"
+    m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
+    assert x.shape[1] == (2 * k if silu_input else k), f"x {tuple(x.shape)} / weight {tuple(weight.shape)}"
+    assert residual.shape == (m, n) and residual.stride(1) == 1, f"residual {tuple(residual.shape)}: want ({m}, {n})"
+    assert norm_weight.shape == (n,) and norm_weight.is_contiguous()
+    assert len({x.dtype, weight.dtype, residual.dtype, norm_weight.dtype}) == 1, "one dtype"
+    out, total = torch.empty_like(residual), torch.empty_like(residual)
+    if m == 0:
+        return out, total
+    cfg = config or gemv_config(n, k, x.device)
+    assert cfg.block_n & (cfg.block_n - 1) == 0 and cfg.block_k & (cfg.block_k - 1) == 0, "power-of-two blocks"
+    partial = torch.empty((m, cfg.split_k, n), dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(n, cfg.block_n), cfg.split_k, m)
+    _gemv_norm_kernel[grid](
+        x, weight, residual, norm_weight, out, total, partial, counters(x.device, m), eps, n, k,
+        x.stride(0), weight.stride(0), residual.stride(0), out.stride(0), total.stride(0),
+        SILU_INPUT=silu_input, SPLIT_K=cfg.split_k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        BLOCK_ROW=triton.next_power_of_2(n), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out, total
