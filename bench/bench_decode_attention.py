@@ -1,9 +1,12 @@
 """Paged GQA decode attention on the GPU: GB/s of K/V read, against dense SDPA and a copy roofline.
 
-    PYTHONPATH=. python3 bench/bench_decode_attention.py [--sweep] [--json PATH]
+    PYTHONPATH=. python3 bench/bench_decode_attention.py [--sweep] [--fold] [--json PATH]
 
 bf16, 32 query / 8 KV heads, head dim 128, block size 16, block tables shuffled at random.
-Each shape is checked against the fp32 reference and dense SDPA before it is timed.
+Each shape is checked against the fp32 reference and dense SDPA before it is timed. `--fold` also
+times the split reduction in its own launch against folded into the split kernel (DecodeConfig.fold_reduce)
+as the engine runs decode: 32 calls (one per layer) in one CUDA graph, at batch 1 and 4 with a block table
+as wide as max_model_len 8192 (the graph's static table: the split count the engine picks) and at batch 256.
 """
 
 from __future__ import annotations
@@ -131,9 +134,48 @@ def bench_shape(batch: int, context: int, sweep: bool) -> dict:
     return result
 
 
+def graph_us(fn, calls: int = 32, reps: int = 5) -> float:
+    """Median µs per call of `calls` back-to-back fn() captured in one CUDA graph."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return sorted(times)[len(times) // 2]
+
+
+def bench_fold(batch: int, context: int, width_tokens: int) -> dict:
+    x = make_inputs(batch, max(context, width_tokens))
+    x["context_lens"].fill_(context)
+    args = (x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["context_lens"], HEAD_DIM**-0.5)
+    default = decode_config(batch, NUM_KV_HEADS, HEAD_DIM, x["block_tables"].shape[1] * BLOCK_SIZE, x["q"].device)
+    separate, folded = replace(default, fold_reduce=False), replace(default, fold_reduce=True)
+    want = paged_attention_decode_triton(*args, separate)
+    for _ in range(200):  # the ticket protocol on the device: every folded launch equals the reduce launch
+        got = paged_attention_decode_triton(*args, folded)
+        assert rel_err(got, want) < 1e-3, rel_err(got, want)
+    row = {"batch": batch, "context": context, "splits": default.num_splits,
+           "separate_us": graph_us(lambda: paged_attention_decode_triton(*args, separate)),
+           "folded_us": graph_us(lambda: paged_attention_decode_triton(*args, folded))}
+    print(f"fold: batch {batch} context {context} splits {default.num_splits}: reduce launch "
+          f"{row['separate_us']:.2f} us, folded {row['folded_us']:.2f} us a layer", flush=True)
+    return row
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="also time a grid of tile/warp/stage/split configs")
+    parser.add_argument("--fold", action="store_true", help="only time the folded split reduction (see above)")
     parser.add_argument("--json", help="write all results to this JSON file")
     opts = parser.parse_args()
     props = torch.cuda.get_device_properties(0)
@@ -148,7 +190,9 @@ def main() -> int:
     }
     print(f"{report['device']} ({report['sms']} SMs), torch {report['torch']}, triton {report['triton']}")
     print(f"device-to-device copy (read + write): {report['copy_roofline_gbps']:.0f} GB/s")
-    for batch, context in SHAPES:
+    if opts.fold:
+        report["fold"] = [bench_fold(b, c, w) for b, c, w in ((1, 512, 8192), (4, 512, 8192), (256, 700, 1024))]
+    for batch, context in [] if opts.fold else SHAPES:
         r = bench_shape(batch, context, opts.sweep)
         report["shapes"].append(r)
         torch.cuda.empty_cache()

@@ -27,7 +27,8 @@ from bench.gemm_sweep import L2_FLUSH_BYTES, graph_time_us, peaks, shapes_of
 from kvpilot.engine.kernels import rmsnorm, silu_mul
 from kvpilot.engine.kernels.gemv_norm.launcher import GemvConfig, gemv_config, linear_add_rmsnorm_triton
 
-GRID = list(itertools.product((8, 16, 32), (128, 256, 512), (1, 2, 4), (4, 8)))  # block_n, block_k, split_k, warps
+# block_n, block_k, split_k, warps: 30 launches (each a compile per shape: ~60 compiles in all)
+GRID = [*itertools.product((8, 16, 32), (128, 256, 512), (1, 2, 4), (4,)), *((16, 512, s, 8) for s in (1, 2, 4))]
 
 
 def separate(x: torch.Tensor, w: torch.Tensor, res: torch.Tensor, norm_w: torch.Tensor, silu: bool):

@@ -40,11 +40,28 @@ def test_decode_half_dtypes(dtype: torch.dtype) -> None:
     assert run_decode(CONTEXT_LENS, 4, 2, 128, 16, dtype) < REL_TOL[dtype]
 
 
+@pytest.mark.parametrize("fold", [False, True])
 @pytest.mark.parametrize("num_splits", [2, 3, 8])
-def test_decode_split_k_reduction(num_splits: int) -> None:
-    """Splits that leave some partitions empty (short sequences) must not disturb the reduction."""
-    config = DecodeConfig(num_splits=num_splits, block_n=32)
+def test_decode_split_k_reduction(num_splits: int, fold: bool) -> None:
+    """Splits that leave some partitions empty (short sequences) must not disturb the reduction, in its
+    own launch or folded into the split kernel's last program per (seq, kv head)."""
+    config = DecodeConfig(num_splits=num_splits, block_n=32, fold_reduce=fold)
     assert run_decode(CONTEXT_LENS, 4, 2, 64, 16, torch.float32, config) < REL_TOL[torch.float32]
+
+
+def test_the_folded_reduction_equals_the_reduce_launch_and_resets_its_counters() -> None:
+    from kvpilot.engine.kernels.tickets import ticket_counters
+
+    case = make_paged_case([0, 5, 40, 300, 129], 2, 64, 16, torch.float32)
+    q = strided_queries(5, 6, 2, 64, torch.float32)  # group 3: padded rows in the combine
+    args = (q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, 0.125)
+    want = paged_attention_decode_triton(*args, DecodeConfig(num_splits=4, block_n=32))
+    for _ in range(2):  # the second launch meets the counters the first reset
+        got = paged_attention_decode_triton(*args, DecodeConfig(num_splits=4, block_n=32, fold_reduce=True))
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert torch.equal(got[0], torch.zeros_like(got[0])), "a padding row (context 0) is zeros"
+    counters = ticket_counters(q.device, 10)
+    assert counters is not None and int(counters.abs().sum()) == 0
 
 
 @pytest.mark.parametrize(("block_size", "block_n"), [(8, 64), (64, 32), (128, 64)])

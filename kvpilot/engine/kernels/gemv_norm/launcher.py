@@ -1,5 +1,4 @@
-"""Launcher for the fused small-batch linear + add + RMSNorm: checks the contract, sizes the grid,
-and owns the per-device ticket counters the kernel resets after each use."""
+"""Launcher for the fused small-batch linear + add + RMSNorm: checks the contract, sizes the grid."""
 
 from __future__ import annotations
 
@@ -11,9 +10,9 @@ import triton
 from kvpilot.engine.kernels.dispatch import check_triton_device
 from kvpilot.engine.kernels.gemv_norm.kernel import _gemv_norm_kernel
 from kvpilot.engine.kernels.paged_decode.heuristics import num_sms
+from kvpilot.engine.kernels.tickets import ticket_counters
 
-MAX_ROWS = 64  # counters per device: one per row of a call
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
+MAX_ROWS = 64  # rows of one call (the engine fuses steps of a few tokens)
 
 
 @dataclass(frozen=True)
@@ -37,15 +36,12 @@ def gemv_config(n: int, k: int, device: torch.device) -> GemvConfig:
 
 
 def counters(device: torch.device, rows: int) -> torch.Tensor:
-    """The device's zeroed ticket counters (allocated on first use, which must not be inside a CUDA
-    graph capture: the zero fill would be a graph node; DecodeGraphs.capture runs each bucket eagerly first)."""
+    """One ticket counter per row (kernels/tickets.py)."""
     if rows > MAX_ROWS:
         raise ValueError(f"the fused GEMV takes at most {MAX_ROWS} rows, got {rows}")
-    found = _COUNTERS.get(device)
+    found = ticket_counters(device, rows)
     if found is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("the fused GEMV's counters are allocated by a first call outside CUDA graph capture")
-        found = _COUNTERS[device] = torch.zeros(MAX_ROWS, dtype=torch.int32, device=device)
+        raise RuntimeError("the fused GEMV's counters are allocated by a first call outside CUDA graph capture")
     return found
 
 

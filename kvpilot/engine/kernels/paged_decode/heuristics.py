@@ -16,6 +16,10 @@ PROGRAMS_PER_SM = 4
 MIN_TOKENS_PER_SPLIT = 512
 MAX_SPLITS = 32
 CPU_NUM_SMS = 4
+# The split reduction folded into the split kernel (its last program per (seq, kv head) combines):
+# off until measured on the H200 (bench/bench_decode_attention.py --fold, stage gemv of
+# bench/device_issue30.sh); tests/kernels and tests/gpu run both.
+FOLD_REDUCE = False
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,7 @@ class DecodeConfig:
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 3
+    fold_reduce: bool = False  # the last split program combines the partials (no reduce launch)
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, num_sms: int) -> int:
@@ -52,4 +57,5 @@ def decode_config(batch: int, num_kv_heads: int, head_dim: int, max_context: int
     return DecodeConfig(
         num_splits=choose_num_splits(batch, num_kv_heads, max_context, num_sms(device)),
         block_n=64 if head_dim <= 128 else 32,
+        fold_reduce=FOLD_REDUCE,
     )

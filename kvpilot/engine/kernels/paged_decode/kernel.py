@@ -5,7 +5,10 @@ rows of a [GROUP_PAD, D] tile (GROUP_PAD >= 16 so tl.dot applies), so every K/V 
 from the paged cache once for the whole group. The program covers one contiguous partition of
 the context, BLOCK_N tokens per step (a step gathers BLOCK_N / block_size block ids). With one
 split it writes the output; otherwise it writes a normalised partial output and its log2-sum-exp,
-and `_paged_decode_reduce_kernel` combines the partials of each (seq, head).
+and `_paged_decode_reduce_kernel` combines the partials of each (seq, head). With FOLD the combine runs
+in the kernel instead: the last split program of each (seq, kv_head) to finish (a ticket, as in
+gemv_norm: CTA barrier, acquire-release atomic at GPU scope) combines its group's partials, one launch
+fewer per layer (the batch-1 step's reduce launches: docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ def _paged_decode_kernel(
     o_ptr,
     partial_o_ptr,
     partial_lse_ptr,
+    counter_ptr,
     qk_scale_log2,
     stride_q_seq,
     stride_q_head,
@@ -50,6 +54,7 @@ def _paged_decode_kernel(
     NUM_SPLITS: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    FOLD: tl.constexpr = False,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -95,6 +100,39 @@ def _paged_decode_kernel(
         partial_rows = (seq.to(tl.int64) * NUM_HEADS + head) * NUM_SPLITS + split
         tl.store(partial_lse_ptr + partial_rows, lse, mask=row_mask)
         tl.store(partial_o_ptr + partial_rows[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_mask[:, None])
+        if FOLD:
+            tl.debug_barrier()  # every thread's partial stores before the ticket
+            slot = seq * tl.num_programs(1) + kv_head
+            ticket = tl.atomic_add(counter_ptr + slot, 1, sem="acq_rel", scope="gpu")
+            if ticket == NUM_SPLITS - 1:
+                first = (seq.to(tl.int64) * NUM_HEADS + head) * NUM_SPLITS
+                out = _combine_splits(partial_o_ptr, partial_lse_ptr, first, row_mask, offs_d, HEAD_DIM, NUM_SPLITS)
+                o_rows = seq.to(tl.int64) * stride_o_seq + head * stride_o_head
+                tl.store(o_ptr + o_rows[:, None] + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+                         mask=row_mask[:, None])  # fmt: skip
+                tl.store(counter_ptr + slot, 0)
+
+
+@triton.jit
+def _combine_splits(partial_o_ptr, partial_lse_ptr, first, row_mask, offs_d, HEAD_DIM: tl.constexpr,
+                    NUM_SPLITS: tl.constexpr):  # fmt: skip
+    """The partials of a group's heads (rows `first` + split) weighted by exp2(lse - max lse), as
+    _paged_decode_reduce_kernel weighs them; read past L1 (other SMs wrote them)."""
+    lse_max = tl.full(first.shape, float("-inf"), dtype=tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        lse = tl.load(partial_lse_ptr + first + s, mask=row_mask, other=float("-inf"), cache_modifier=".cg")
+        lse_max = tl.maximum(lse_max, lse)
+    lse_max = tl.where(lse_max > float("-inf"), lse_max, 0.0)  # context length 0 (padding): every split empty
+    num = tl.zeros([first.shape[0], HEAD_DIM], dtype=tl.float32)
+    den = tl.zeros(first.shape, dtype=tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        lse = tl.load(partial_lse_ptr + first + s, mask=row_mask, other=float("-inf"), cache_modifier=".cg")
+        w = tl.math.exp2(lse - lse_max)
+        part = tl.load(partial_o_ptr + (first + s)[:, None] * HEAD_DIM + offs_d[None, :], mask=row_mask[:, None],
+                       other=0.0, cache_modifier=".cg")  # fmt: skip
+        num += part * w[:, None]
+        den += w
+    return num / tl.maximum(den, 1e-30)[:, None]  # 0 when empty
 
 
 @triton.jit

@@ -19,6 +19,7 @@ from kvpilot.engine.kernels.paged_decode.kernel import (
     _paged_decode_kernel,
     _paged_decode_reduce_kernel,
 )
+from kvpilot.engine.kernels.tickets import ticket_counters
 
 
 def paged_attention_decode_triton(
@@ -45,22 +46,27 @@ def paged_attention_decode_triton(
     if batch == 0:
         return out
     num_splits = config.num_splits
-    partial_o = partial_lse = out
+    partial_o = partial_lse = counter = out
+    fold = False
+    if num_splits > 1 and config.fold_reduce:
+        found = ticket_counters(q.device, batch * num_kv_heads)  # None: more needed inside a capture
+        fold = found is not None
+        counter = found if found is not None else out
     if num_splits > 1:
         partial_o = torch.empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
         partial_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
     operand_dtype = dot_dtype(q.dtype)
     _paged_decode_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, context_lens, out, partial_o, partial_lse,
+        q, k_cache, v_cache, block_tables, context_lens, out, partial_o, partial_lse, counter,
         scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=config.block_n, NUM_SPLITS=num_splits,
-        DOT_DTYPE=operand_dtype, DOT_PRECISION=dot_precision(operand_dtype),
+        DOT_DTYPE=operand_dtype, DOT_PRECISION=dot_precision(operand_dtype), FOLD=fold,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    if num_splits > 1:
+    if num_splits > 1 and not fold:
         _paged_decode_reduce_kernel[(batch, num_heads)](
             partial_o, partial_lse, out, out.stride(0), out.stride(1),
             NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,

@@ -1,6 +1,7 @@
-"""GPU tier: the fused small-batch GEMV + add + RMSNorm (kernels/gemv_norm) compiled on CUDA.
+"""GPU tier: the kernels whose last program reduces (kernels/tickets.py) compiled on CUDA: the fused
+small-batch GEMV + add + RMSNorm (kernels/gemv_norm) and the folded paged-decode split reduction.
 
-Run on the device machine: `pytest -m gpu tests/gpu/test_fused_gemv_gpu.py -q -s`. The ticket protocol
+Run on the device machine: `pytest -m gpu tests/gpu/test_ticket_kernels_gpu.py -q -s`. The ticket protocol
 (partials stored, CTA barrier, acquire-release ticket, the last program reduces) is what the interpreter
 cannot check: many launches at Llama-3-8B's o_proj and down_proj shapes must each equal the first
 bit for bit (a program that read a partial before it was visible would differ now and then), eagerly
@@ -79,3 +80,30 @@ def test_an_engine_with_fused_gemv_rows_gives_the_unfused_logits(tmp_path, graph
     got = teacher_forced_logits(engine(fused_gemv_rows=8), prompts, continuations)
     result = compare_logits(ref, got)
     assert result["cosine_min"] > 0.999 and result["top1"] >= 0.95, result
+
+
+@pytest.mark.parametrize(("batch", "context", "splits"), [(1, 512, 8), (4, 3000, 16), (64, 700, 2)])
+def test_the_folded_decode_reduction_equals_the_reduce_launch(batch: int, context: int, splits: int) -> None:
+    from kvpilot.engine.kernels.paged_decode.heuristics import DecodeConfig
+    from kvpilot.engine.kernels.paged_decode.launcher import paged_attention_decode_triton
+
+    torch.manual_seed(batch)
+    blocks = batch * (context // 16 + 1)
+    k_cache, v_cache = (torch.randn(blocks, 16, 8, 128, device="cuda").bfloat16() for _ in range(2))
+    tables = torch.randperm(blocks, device="cuda").int().view(batch, -1)
+    lens = torch.randint(1, context, (batch,), device="cuda").int()
+    q = torch.randn(batch, 32, 128, device="cuda").bfloat16()
+    args = (q, k_cache, v_cache, tables, lens, 128**-0.5)
+    want = paged_attention_decode_triton(*args, DecodeConfig(num_splits=splits))
+    fold = DecodeConfig(num_splits=splits, fold_reduce=True)
+    first = paged_attention_decode_triton(*args, fold)
+    torch.testing.assert_close(first.float(), want.float(), rtol=0, atol=2e-2)  # bf16 out, fp32 combine
+    for _ in range(300):
+        assert torch.equal(paged_attention_decode_triton(*args, fold), first)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = paged_attention_decode_triton(*args, fold)
+    for _ in range(50):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, first)
