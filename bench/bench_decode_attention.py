@@ -134,24 +134,11 @@ def bench_shape(batch: int, context: int, sweep: bool) -> dict:
     return result
 
 
-def graph_us(fn, calls: int = 32, reps: int = 5) -> float:
-    """Median µs per call of `calls` back-to-back fn() captured in one CUDA graph."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return sorted(times)[len(times) // 2]
+def graph_us(fn, calls: int = 32) -> float:
+    """Median µs per call of `calls` back-to-back fn() (one per layer) in one CUDA graph."""
+    from bench.gemm_sweep import graph_replay_us
+
+    return graph_replay_us(lambda _: fn(), calls, reps=5)
 
 
 def bench_fold(batch: int, context: int, width_tokens: int) -> dict:

@@ -42,16 +42,15 @@ def shapes_of(name: str) -> dict[str, tuple[int, int]]:
             "down": (hidden, inter), "lm_head": (vocab, hidden)}  # fmt: skip
 
 
-def graph_time_us(fn, weights: list[torch.Tensor], x: torch.Tensor, reps: int = 3) -> float:
-    """Median per-call µs of fn(x, w) over the copies, captured in one CUDA graph."""
-    for w in weights:
-        fn(x, w)
+def graph_replay_us(call, calls: int, reps: int = 3) -> float:
+    """Median µs per call of call(0), ..., call(calls - 1) captured in one CUDA graph (after one eager pass)."""
+    for i in range(calls):
+        call(i)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    calls = max(len(weights), 8)
     with torch.cuda.graph(graph):
         for i in range(calls):
-            fn(x, weights[i % len(weights)])
+            call(i)
     graph.replay()
     times = []
     for _ in range(reps):
@@ -62,6 +61,11 @@ def graph_time_us(fn, weights: list[torch.Tensor], x: torch.Tensor, reps: int = 
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / calls)
     return sorted(times)[len(times) // 2]
+
+
+def graph_time_us(fn, weights: list[torch.Tensor], x: torch.Tensor, reps: int = 3) -> float:
+    """Median per-call µs of fn(x, w) over the copies, captured in one CUDA graph."""
+    return graph_replay_us(lambda i: fn(x, weights[i % len(weights)]), max(len(weights), 8), reps)
 
 
 def cublas_kernels(x: torch.Tensor, w: torch.Tensor) -> list[str]:
