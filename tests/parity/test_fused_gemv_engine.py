@@ -41,6 +41,11 @@ def test_a_wrapped_attention_keeps_the_separate_ops(tmp_path) -> None:
     layer = eng.runner.model.model.layers[0]
     assert type(layer.self_attn).__name__ == "GqaReserveAttention"
     assert layer.fused_gemv_rows == 8 and not layer._fusable(1)
+    plain = make_engine(path, fused_gemv_rows=8).runner.model.model.layers[0]
+    assert plain._fusable(8) and not plain._fusable(9)
+    handle = plain.self_attn.register_forward_pre_hook(lambda *_: None)  # as calibration capture does
+    assert not plain._fusable(1)
+    handle.remove()
 
 
 @pytest.mark.kernels

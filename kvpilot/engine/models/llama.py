@@ -80,6 +80,7 @@ class LlamaDecoderLayer(nn.Module):
         strategy that wraps self_attn, e.g. the GQA reserve or MLA, keeps the separate ops)."""
         attn, mlp = self.self_attn, self.mlp
         return (0 < tokens <= self.fused_gemv_rows and type(attn) is LlamaAttention and _plain_linear(attn.o_proj)
+                and not attn._forward_hooks and not attn._forward_pre_hooks  # calibration capture hooks self_attn
                 and mlp.gate_up is not None and _plain_linear(mlp.down_proj))  # fmt: skip
 
     def forward_carry(
