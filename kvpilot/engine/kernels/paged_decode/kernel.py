@@ -119,13 +119,13 @@ def _combine_splits(partial_o_ptr, partial_lse_ptr, first, row_mask, offs_d, HEA
     """The partials of a group's heads (rows `first` + split) weighted by exp2(lse - max lse), as
     _paged_decode_reduce_kernel weighs them; read past L1 (other SMs wrote them)."""
     lse_max = tl.full(first.shape, float("-inf"), dtype=tl.float32)
-    for s in tl.static_range(NUM_SPLITS):
+    for s in range(NUM_SPLITS):  # not unrolled: registers stay the split loop's
         lse = tl.load(partial_lse_ptr + first + s, mask=row_mask, other=float("-inf"), cache_modifier=".cg")
         lse_max = tl.maximum(lse_max, lse)
     lse_max = tl.where(lse_max > float("-inf"), lse_max, 0.0)  # context length 0 (padding): every split empty
     num = tl.zeros([first.shape[0], HEAD_DIM], dtype=tl.float32)
     den = tl.zeros(first.shape, dtype=tl.float32)
-    for s in tl.static_range(NUM_SPLITS):
+    for s in range(NUM_SPLITS):  # not unrolled: registers stay the split loop's
         lse = tl.load(partial_lse_ptr + first + s, mask=row_mask, other=float("-inf"), cache_modifier=".cg")
         w = tl.math.exp2(lse - lse_max)
         part = tl.load(partial_o_ptr + (first + s)[:, None] * HEAD_DIM + offs_d[None, :], mask=row_mask[:, None],
