@@ -17,6 +17,8 @@ from kvpilot.engine.kernels.rotary.reference import rotary_reference
 from kvpilot.engine.kernels.silu_mul.reference import silu_mul_reference
 from kvpilot.engine.kernels.store_kvcache.reference import store_kvcache_reference
 
+GEMV_NORM_MAX_ROWS = 64  # rows one fused GEMV call takes (EngineConfig.fused_gemv_rows is bounded by it)
+
 __all__ = [
     "linear_add_rmsnorm", "paged_attention_decode", "paged_attention_prefill", "rmsnorm", "rotary", "silu_mul",
     "store_kvcache",
@@ -73,7 +75,7 @@ def linear_add_rmsnorm(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """rmsnorm(x @ weight.T, norm_weight, eps, residual) (with x = [gate | up] -> silu(gate) * up first when
     silu_input): one Triton launch for a few rows (kernels/gemv_norm), else the separate ops."""
-    if backend_for(x) == "triton" and x.dim() == 2 and x.shape[0] <= 64:
+    if backend_for(x) == "triton" and x.dim() == 2 and x.shape[0] <= GEMV_NORM_MAX_ROWS:
         from kvpilot.engine.kernels.gemv_norm.launcher import linear_add_rmsnorm_triton
 
         return linear_add_rmsnorm_triton(x, weight, residual, norm_weight, eps, silu_input)
