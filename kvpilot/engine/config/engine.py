@@ -157,7 +157,7 @@ class EngineConfig:
             raise ValueError(f"async_scheduling must be one of {ASYNC_SCHEDULING}, got {self.async_scheduling!r}")
         if self.validation_verdict not in VALIDATION_VERDICTS:
             raise ValueError(f"validation_verdict must be one of {VALIDATION_VERDICTS}, got {self.validation_verdict!r}")
-        if not 0 <= self.fused_gemv_rows <= 64:  # kernels.GEMV_NORM_MAX_ROWS (this module stays torch-free)
+        if not 0 <= self.fused_gemv_rows <= 64:  # kernels/gemv_norm.MAX_ROWS (this module stays torch-free)
             raise ValueError(f"fused_gemv_rows must be in [0, 64] (0: off), got {self.fused_gemv_rows}")
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")

@@ -10,14 +10,13 @@ from __future__ import annotations
 import torch
 
 from kvpilot.engine.kernels.dispatch import backend_for
+from kvpilot.engine.kernels.gemv_norm import MAX_ROWS as GEMV_NORM_MAX_ROWS
 from kvpilot.engine.kernels.paged_decode.reference import paged_attention_decode_reference
 from kvpilot.engine.kernels.paged_prefill.reference import paged_attention_prefill_reference
 from kvpilot.engine.kernels.rmsnorm.reference import rmsnorm_reference
 from kvpilot.engine.kernels.rotary.reference import rotary_reference
 from kvpilot.engine.kernels.silu_mul.reference import silu_mul_reference
 from kvpilot.engine.kernels.store_kvcache.reference import store_kvcache_reference
-
-GEMV_NORM_MAX_ROWS = 64  # rows one fused GEMV call takes (EngineConfig.fused_gemv_rows is bounded by it)
 
 __all__ = [
     "linear_add_rmsnorm", "paged_attention_decode", "paged_attention_prefill", "rmsnorm", "rotary", "silu_mul",

@@ -6,3 +6,5 @@ launches each (cuBLAS's split-K reduction, the fused add + RMSNorm); here one la
 programs over (weight rows, K splits) write fp32 partial rows, and the last program to finish a row
 (an atomic ticket) reduces the partials and runs the add + norm epilogue (rmsnorm/kernel.add_rmsnorm_row).
 """
+
+MAX_ROWS = 64  # rows one call takes (the engine fuses steps of a few tokens; EngineConfig.fused_gemv_rows is bounded by it)

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from kvpilot.engine.kernels import GEMV_NORM_MAX_ROWS as MAX_ROWS
 from kvpilot.engine.kernels.dispatch import check_triton_device
+from kvpilot.engine.kernels.gemv_norm import MAX_ROWS
 from kvpilot.engine.kernels.gemv_norm.kernel import _gemv_norm_kernel
 from kvpilot.engine.kernels.paged_decode.heuristics import num_sms
 from kvpilot.engine.kernels.tickets import ticket_counters
