@@ -61,6 +61,8 @@ gemv)  # session 16 (prepared without a device): the fused GEMV + add + RMSNorm 
   step decode_b1 45 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 --top 16
   step decode_b1_fused 45 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 --top 16 \
     --fused-gemv-rows 1
+  step decode_b1_fused_o 45 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 --top 16 \
+    --fused-gemv-rows 1 --fused-gemv-projections o_proj
   step decode_b4_fused 45 python3 bench/profile_decode_kernels.py --batch 4 --context 512 --max-num-seqs 8 --top 8 \
     --fused-gemv-rows 4
   ;;

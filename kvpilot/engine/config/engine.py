@@ -24,6 +24,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOAD_FORMATS = ("auto", "dummy")
 ASYNC_SCHEDULING = ("auto", "on", "off")
 VALIDATION_VERDICTS = ("auto", "next_step", "same_step")
+FUSED_GEMV_PROJECTIONS = ("o_proj,down_proj", "o_proj", "down_proj")
 
 
 def knob(default: Any, help: str, **cli: Any) -> Any:
@@ -133,6 +134,10 @@ class EngineConfig:
         "GEMV with the residual add, the next RMSNorm and SiLU fused in (kernels/gemv_norm; one GPU); "
         "0: cuBLAS and separate kernels; at most 64",
     )  # fmt: skip
+    fused_gemv_projections: str = knob(
+        "o_proj,down_proj", "which projections fused_gemv_rows fuses (each with the add + RMSNorm after it)",
+        choices=FUSED_GEMV_PROJECTIONS,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -159,6 +164,10 @@ class EngineConfig:
             raise ValueError(f"validation_verdict must be one of {VALIDATION_VERDICTS}, got {self.validation_verdict!r}")
         if not 0 <= self.fused_gemv_rows <= 64:  # kernels/gemv_norm.MAX_ROWS (this module stays torch-free)
             raise ValueError(f"fused_gemv_rows must be in [0, 64] (0: off), got {self.fused_gemv_rows}")
+        if self.fused_gemv_projections not in FUSED_GEMV_PROJECTIONS:
+            raise ValueError(
+                f"fused_gemv_projections must be one of {FUSED_GEMV_PROJECTIONS}, got {self.fused_gemv_projections!r}"
+            )
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
         if self.max_model_len is not None and self.max_model_len < 2:

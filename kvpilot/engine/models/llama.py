@@ -57,6 +57,9 @@ class LlamaAttention(nn.Module):
         return o.reshape(t, self.num_heads * self.head_dim)
 
 
+FUSED_GEMV = frozenset({"o_proj", "down_proj"})  # the projections kernels/gemv_norm can take
+
+
 def _plain_linear(module: nn.Module) -> bool:
     """An unsharded, bias-free nn.Linear without hooks: its weight can go straight to a fused kernel."""
     return (type(module) is nn.Linear and module.bias is None and not module._forward_hooks
@@ -71,17 +74,21 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SiluAndMulMLP(config.hidden_size, config.intermediate_size)
         self.fused_gemv_rows = 0  # EngineConfig.fused_gemv_rows (LlamaForCausalLM.fuse_gemv)
+        self.fused_gemv: frozenset[str] = FUSED_GEMV  # which of them (EngineConfig.fused_gemv_projections)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return self.forward_carry(positions, self.input_layernorm(x), x, None)[1]
 
-    def _fusable(self, tokens: int) -> bool:
-        """o_proj and down_proj as kernels/gemv_norm launches: a step of few tokens, the plain layer (a
+    def _fused(self, tokens: int) -> tuple[bool, bool]:
+        """(o_proj, down_proj) as kernels/gemv_norm launches: a step of few tokens, the plain layer (a
         strategy that wraps self_attn, e.g. the GQA reserve or MLA, keeps the separate ops)."""
+        if not 0 < tokens <= self.fused_gemv_rows:
+            return False, False
         attn, mlp = self.self_attn, self.mlp
-        return (0 < tokens <= self.fused_gemv_rows and type(attn) is LlamaAttention and _plain_linear(attn.o_proj)
-                and not attn._forward_hooks and not attn._forward_pre_hooks  # calibration capture hooks self_attn
-                and mlp.gate_up is not None and _plain_linear(mlp.down_proj))  # fmt: skip
+        o = ("o_proj" in self.fused_gemv and type(attn) is LlamaAttention and _plain_linear(attn.o_proj)
+             and not attn._forward_hooks and not attn._forward_pre_hooks)  # calibration capture hooks self_attn
+        down = "down_proj" in self.fused_gemv and mlp.gate_up is not None and _plain_linear(mlp.down_proj)
+        return o, down  # fmt: skip
 
     def forward_carry(
         self, positions: torch.Tensor, normed: torch.Tensor, x: torch.Tensor, next_norm: RMSNorm | None
@@ -90,16 +97,17 @@ class LlamaDecoderLayer(nn.Module):
         next norm). The residual adds are fused into the norms after them; with `fused_gemv_rows`, o_proj
         and down_proj are fused with them too (and down_proj with the SiLU before it)."""
         post = self.post_attention_layernorm
-        if self._fusable(normed.shape[0]):
+        fuse_o, fuse_down = self._fused(normed.shape[0])
+        if fuse_o:
             a, x = linear_add_rmsnorm(self.self_attn.attend(positions, normed), self.self_attn.o_proj.weight, x,
                                       post.weight, post.eps)  # fmt: skip
-            if next_norm is not None:
-                assert self.mlp.gate_up is not None
-                gate_up = self.mlp.gate_up.joined(a)  # [T, gate | up]
-                return linear_add_rmsnorm(gate_up, self.mlp.down_proj.weight, x, next_norm.weight, next_norm.eps,
-                                          silu_input=True)  # fmt: skip
         else:
             a, x = post.add_forward(self.self_attn(positions, normed), x)  # residual add fused into the norm
+        if fuse_down and next_norm is not None:
+            assert self.mlp.gate_up is not None
+            gate_up = self.mlp.gate_up.joined(a)  # [T, gate | up]
+            return linear_add_rmsnorm(gate_up, self.mlp.down_proj.weight, x, next_norm.weight, next_norm.eps,
+                                      silu_input=True)  # fmt: skip
         h = self.mlp(a)
         if next_norm is None:
             return None, h + x
@@ -124,10 +132,11 @@ class LlamaForCausalLM(CausalLM):
             layer.self_attn.merge_projections()
             layer.mlp.merge_projections()
 
-    def fuse_gemv(self, rows: int) -> None:
-        """Steps of at most `rows` tokens fuse o_proj / down_proj with the norms after them (0: never)."""
+    def fuse_gemv(self, rows: int, projections: frozenset[str] = FUSED_GEMV) -> None:
+        """Steps of at most `rows` tokens fuse o_proj and / or down_proj with the norms after them (0: never)."""
+        assert projections <= FUSED_GEMV, f"fusable projections: {sorted(FUSED_GEMV)}, got {sorted(projections)}"
         for layer in self.model.layers:
-            layer.fused_gemv_rows = rows
+            layer.fused_gemv_rows, layer.fused_gemv = rows, projections
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]

@@ -83,7 +83,8 @@ class ModelRunner:
         self.model.eval()
         self.strategies.load(self, self.world)  # GQA regrouping, MLA (native or converted), Performer
         if config.fused_gemv_rows and self.world == 1 and hasattr(self.model, "fuse_gemv"):
-            self.model.fuse_gemv(config.fused_gemv_rows)  # kernels/gemv_norm (the Triton backend; else the same ops)
+            # kernels/gemv_norm (the Triton backend; else the same ops)
+            self.model.fuse_gemv(config.fused_gemv_rows, frozenset(config.fused_gemv_projections.split(",")))
         self.mla = self.strategies.mla.state
         self.gqa_orders = self.strategies.gqa.orders  # per layer, when GQA heads were grouped on calibration text
         self.linear_state = build_linear_state(self.model, config, self.device)  # None: no recurrent state
