@@ -29,6 +29,7 @@ class KVDtype:
     bytes: int | None  # per element; None: auto, the model's own dtype
     aliases: tuple[str, ...] = ()  # other spellings `kvpilot serve --kv-cache-dtype` accepts
     eight_bit: bool = False  # dequantised inside the attention kernels, with scales (kernels/kv_quant)
+    token_scales: bool = False  # an fp32 scale per token, layer and K or V head beside the elements (else per layer)
     in_spec: bool = True  # offered by spec.strategy.kvCacheDtype and the planner
 
 
@@ -37,14 +38,14 @@ KV_DTYPES = (
     KVDtype("bfloat16", "bf16", 2, ("bf16",)),
     KVDtype("float16", "fp16", 2, ("fp16",)),
     KVDtype("float32", "fp32", 4, in_spec=False),
-    KVDtype("int8", "int8", 1, eight_bit=True),  # symmetric, per token and KV head scales
-    KVDtype("fp8", "fp8", 1, eight_bit=True),  # e4m3, per KV head scales
+    KVDtype("int8", "int8", 1, eight_bit=True, token_scales=True),  # symmetric, per token and KV head scales
+    KVDtype("fp8", "fp8", 1, eight_bit=True),  # e4m3, per layer and KV head scales (calibrated at the first store)
 )
 ENGINE_KV_CACHE_DTYPES = tuple(n for d in KV_DTYPES for n in (d.name, *d.aliases))  # EngineConfig.kv_cache_dtype
 SPEC_KV_CACHE_DTYPES = tuple(d.short for d in KV_DTYPES if d.in_spec)  # spec.strategy.kvCacheDtype, the planner
 EIGHT_BIT_KV_DTYPES = tuple(d.name for d in KV_DTYPES if d.eight_bit)
 AUTO_QUANT_DTYPE = "int8"  # the 8-bit pool of kv_cache_dtype=auto (per-token scales: no calibration)
-KV_SCALE_BYTES = 4  # an 8-bit cache's fp32 scale per token, layer and cached K or V head, as the planner counts it
+KV_SCALE_BYTES = 4  # a token_scales cache's fp32 scale per token, layer and cached K or V head
 
 # Bytes per element of every dtype spelling a checkpoint's config.json may name (torch_dtype / dtype)
 DTYPE_BYTES: dict[str, int] = {

@@ -31,7 +31,8 @@ latent kv_lora_rank + qk_rope_head_dim, MiniMax's linear layers as fixed state);
 latent per token and layer; `linear` = fixed fp32 state per layer + an exact window of
 `linear_window` tokens. `kv_cache_dtype`: auto (the model's dtype) | bf16 | fp16 | int8 | fp8
 (kvpilot/strategy_schema.py holds the names, bytes and defaults the engine and operator share);
-int8/fp8 add one `scale_bytes` (fp32) scale per token, layer and cached K or V head vector.
+int8 adds one `scale_bytes` (fp32) scale per token, layer and cached K or V head vector (fp8's scales are per
+layer and head: no bytes per token).
 Wrong inputs raise `PlannerError` (a ValueError) whose message names the field and the allowed
 values; a plan that merely does not fit is returned with `feasible=False`.
 """

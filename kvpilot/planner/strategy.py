@@ -8,7 +8,7 @@ from kvpilot.planner.dtypes import KV_CACHE_DTYPES, kv_dtype_bytes
 from kvpilot.planner.errors import PlannerError
 from kvpilot.planner.model_shape import ModelShape
 from kvpilot.strategy_schema import ATTENTIONS as ATTENTIONS
-from kvpilot.strategy_schema import EIGHT_BIT_KV_DTYPES, KV_SCALE_BYTES, default
+from kvpilot.strategy_schema import KV_SCALE_BYTES, default, kv_dtype
 
 LINEAR_STATE_BYTES = 4  # the recurrent state phi(K)^T V and its normaliser are kept in fp32
 
@@ -99,7 +99,7 @@ class KVFootprint:
 def kv_footprint(model: ModelShape, strategy: KVStrategy) -> KVFootprint:
     """Bytes per token (all layers, K and V, scales included) and fixed bytes per sequence."""
     elem = kv_dtype_bytes(strategy.kv_cache_dtype, model.dtype_bytes)
-    scale = strategy.scale_bytes if strategy.kv_cache_dtype in EIGHT_BIT_KV_DTYPES else 0
+    scale = strategy.scale_bytes if kv_dtype(strategy.kv_cache_dtype).token_scales else 0  # int8's; fp8's are per layer
     if strategy.attention == "linear":
         return _linear(model, strategy, elem, scale)
     vectors, width = _cached_vectors(model, strategy)  # per full layer and token: vectors x width

@@ -70,10 +70,10 @@ def test_gqa_strategy_on_mha_model_scales_with_kv_heads() -> None:
 
 
 @pytest.mark.parametrize("dtype", ["int8", "fp8"])
-def test_quantised_kv_halves_bytes_plus_one_fp32_scale_per_head_vector(dtype: str) -> None:
+def test_quantised_kv_halves_bytes_plus_int8s_fp32_scale_per_head_vector(dtype: str) -> None:
     model = shape(LLAMA3_8B)
     quantised = kv_footprint(model, KVStrategy(kv_cache_dtype=dtype)).bytes_per_token
-    scales = 32 * 2 * 8 * 4  # layers x (K, V) x kv heads x fp32
+    scales = 32 * 2 * 8 * 4 if dtype == "int8" else 0  # layers x (K, V) x kv heads x fp32; fp8's are per layer
     assert quantised == 64 * KIB + scales
     assert quantised < 128 * KIB
 
@@ -90,7 +90,8 @@ def test_deepseek_native_mla_caches_latent_plus_rope_key() -> None:
     assert kv_footprint(lite, KVStrategy()).bytes_per_token == 27 * (512 + 64) * 2
     v3 = shape(DEEPSEEK_V3)
     assert kv_footprint(v3, KVStrategy(attention="mla")).bytes_per_token == 61 * 576 * 2
-    assert kv_footprint(v3, KVStrategy(kv_cache_dtype="fp8")).bytes_per_token == 61 * (576 + 4)
+    assert kv_footprint(v3, KVStrategy(kv_cache_dtype="int8")).bytes_per_token == 61 * (576 + 4)
+    assert kv_footprint(v3, KVStrategy(kv_cache_dtype="fp8")).bytes_per_token == 61 * 576
 
 
 def test_deepseek_parameter_counts_match_published_sizes() -> None:

@@ -50,8 +50,9 @@ def test_rope_dims_above_head_dim_are_refused_with_the_bound() -> None:
 def engine_plan(tmp_path: Path, **config):  # type: ignore[no-untyped-def]
     (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B))
     (tmp_path / "calibration.txt").write_text("text")
+    # dtype: the operator's pods run on CUDA, where the engine's auto is the checkpoint's (bf16), not CPU's float32
     engine = EngineConfig(model=str(tmp_path), max_model_len=8192, max_num_seqs=64, max_num_batched_tokens=8192,
-                          fallback_reserve=0.1, **config)
+                          fallback_reserve=0.1, dtype="bfloat16", **config)
     return plan_for(engine, "cpu", 200 * 2**30, 0.9)
 
 

@@ -167,7 +167,7 @@ def test_the_operators_plan_and_the_engines_plan_count_the_same_kv_bytes(dtype: 
     operator = preflight(ServiceSpec(model=ModelRef(uri="/m"), strategy=StrategySpec(kv_cache_dtype=dtype)),
                          LLAMA3_8B)
     config = EngineConfig(model=str(tmp_path), kv_cache_dtype=schema.spec_kv_dtype_flag(dtype), max_model_len=4096,
-                          max_num_batched_tokens=8192, max_num_seqs=256)
+                          max_num_batched_tokens=8192, max_num_seqs=256, dtype="bfloat16")  # CUDA's auto (pods)
     engine = plan_for(config, "cpu", 200 * 2**30, 0.8)
     assert (engine.bytes_per_token, engine.block_bytes) == (operator.bytes_per_token, operator.block_bytes)
     assert (engine.reserve_bytes > 0) == (operator.reserve_bytes > 0) == (dtype in schema.EIGHT_BIT_KV_DTYPES)

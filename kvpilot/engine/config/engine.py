@@ -27,6 +27,16 @@ VALIDATION_VERDICTS = ("auto", "next_step", "same_step")
 FUSED_GEMV_PROJECTIONS = ("o_proj,down_proj", "o_proj", "down_proj")
 
 
+def compute_dtype(requested: str, model_dtype: str, device_type: str) -> str:
+    """EngineConfig.dtype resolved: 'auto' is the checkpoint's dtype on CUDA (bfloat16 when it names another)
+    and float32 on CPU (bf16 matmuls are slow there). The runner computes in it; the capacity plan counts it."""
+    if requested != "auto":
+        return requested
+    if device_type == "cpu":
+        return "float32"
+    return model_dtype if model_dtype in DTYPES[1:] else "bfloat16"
+
+
 def knob(default: Any, help: str, **cli: Any) -> Any:
     """A field that is also a `kvpilot serve` flag: `help` is its help text; `cli` may set `flag`
     (the flag's name when it is not --field-name) and `choices`."""

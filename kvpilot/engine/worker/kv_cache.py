@@ -31,6 +31,7 @@ from kvpilot.engine.strategies.contract import ConversionReserve, RunnerView
 from kvpilot.engine.strategies.kv_quant.layer import LayerKVQuant
 from kvpilot.engine.strategies.registry import Strategies
 from kvpilot.engine.worker.memory import DTYPES
+from kvpilot.strategy_schema import kv_dtype
 
 QUANT_DTYPES = {"int8": torch.int8, "fp8": FP8_DTYPE}
 
@@ -62,7 +63,7 @@ class KVLayout:
 
     def bytes8(self, mc: ModelConfig, block_size: int) -> int:
         """One 8-bit block, all layers, K and V, with int8's per-token scales (fp8's are per layer)."""
-        per_token = mc.head_dim + (INT8_SCALE_BYTES if self.quant == "int8" else 0)
+        per_token = mc.head_dim + (INT8_SCALE_BYTES if kv_dtype(self.quant).token_scales else 0)
         return 2 * num_kv_layers(mc) * block_size * mc.num_key_value_heads * per_token
 
     def split_blocks(self, num_blocks: int, mc: ModelConfig, block_size: int) -> tuple[int, int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from kvpilot.engine.config import ModelConfig
+from kvpilot.engine.config.engine import compute_dtype
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -23,12 +24,8 @@ def device_memory_bytes(device: torch.device) -> int:
 
 
 def pick_dtype(requested: str, model_dtype: str, device: torch.device) -> torch.dtype:
-    """'auto': the checkpoint's dtype on CUDA, float32 on CPU (bf16 matmuls are slow there)."""
-    if requested != "auto":
-        return DTYPES[requested]
-    if device.type == "cpu":
-        return torch.float32
-    return DTYPES.get(model_dtype, torch.bfloat16)
+    """'auto': the checkpoint's dtype on CUDA, float32 on CPU (config/engine.compute_dtype)."""
+    return DTYPES[compute_dtype(requested, model_dtype, device.type)]
 
 
 def cuda_kv_blocks(

@@ -1,18 +1,25 @@
 """The capacity plan `kvpilot serve` prints at start and sizes its KV pool from (kvpilot.planner).
 
 On a GPU the plan uses the device's total memory; on CPU a configured memory budget stands in
-for it (there is no CUDA context there). The weights are the safetensors files' actual size.
+for it (there is no CUDA context there). The plan counts what the engine will hold: its weights,
+activations and `auto` KV in the compute dtype (config/engine.compute_dtype: float32 on CPU, so a bf16
+checkpoint takes twice its files' size there), the weights' element counts read from the safetensors
+headers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
 
+from kvpilot.engine.config.engine import compute_dtype
 from kvpilot.engine.config.strategy import gqa_groups, kv_cache_kind, strategy_label
 from kvpilot.planner import CapacityPlan, GpuSpec, KVStrategy, ModelShape, plan_capacity
+from kvpilot.strategy_schema import DTYPE_BYTES
 
 # EngineConfig dtype names -> the planner's KV dtype names ("auto" = the model's own precision).
 _PLANNER_KV_DTYPE = {"auto": "auto", "float32": "auto", "float16": "fp16", "bfloat16": "bf16"}
@@ -36,6 +43,36 @@ def strategy_name(config: Any) -> str:
     """The default X-Model-Strategy: attention strategy and KV dtype, e.g. `native-bf16`, `gqa4-int8`."""
     dtype = config.dtype if config.dtype != "auto" else model_dtype(config.model)
     return strategy_label(config, dtype)
+
+
+# safetensors dtype codes: floating tensors load in the compute dtype, the others as stored
+_FLOAT_CODES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
+_STORED_BYTES = {"I64": 8, "U64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+_MAX_HEADER = 100 * 2**20  # the safetensors format's own limit
+
+
+def loaded_weight_bytes(model_dir: str | Path, compute_bytes: int) -> int | None:
+    """Bytes the checkpoint's tensors take once loaded (floating ones at `compute_bytes` each), from the
+    safetensors headers alone; None when the directory has no safetensors file (dummy weights)."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    total = 0
+    for path in files:
+        with path.open("rb") as fh:
+            size = int.from_bytes(fh.read(8), "little")
+            if not 0 < size <= _MAX_HEADER:
+                raise ValueError(f"{path} is not a safetensors file (header length {size})")
+            try:
+                header = json.loads(fh.read(size))
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise ValueError(f"{path} is not a safetensors file: its header is not JSON ({exc})") from exc
+        for name, tensor in header.items():
+            if name == "__metadata__":
+                continue
+            code, numel = tensor["dtype"], math.prod(tensor["shape"])
+            if code not in _FLOAT_CODES and code not in _STORED_BYTES:
+                raise ValueError(f"{path}: tensor {name!r} has dtype {code!r}, which the engine does not load")
+            total += numel * (compute_bytes if code in _FLOAT_CODES else _STORED_BYTES[code])
+    return total if files else None
 
 
 def device_memory(device: str, cpu_budget_bytes: int) -> GpuSpec:
@@ -79,9 +116,11 @@ def plan_for(config: Any, device: str, cpu_budget_bytes: int, watermark: float) 
         kv_quant_auto_split=getattr(config, "kv_quant_auto_split", 0.5),
         calibrated=getattr(config, "conversion_calibration", None) is not None,
     )
-    weights = sum(f.stat().st_size for f in Path(config.model).glob("*.safetensors")) or None
+    compute = DTYPE_BYTES[compute_dtype(config.dtype, model_dtype(config.model), device.split(":")[0])]
+    # the engine's parameters and activations are in the compute dtype, whatever the checkpoint stores
+    shape = dataclasses.replace(ModelShape.from_hf_config(raw), dtype_bytes=compute, weight_dtype_bytes=None)
     return plan_capacity(
-        ModelShape.from_hf_config(raw),
+        shape,
         strategy,
         device_memory(device, cpu_budget_bytes),
         max_seq_len=max_seq_len,
@@ -89,7 +128,7 @@ def plan_for(config: Any, device: str, cpu_budget_bytes: int, watermark: float) 
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_num_seqs=config.max_num_seqs,
         watermark=watermark,
-        weights_bytes_override=weights,
+        weights_bytes_override=loaded_weight_bytes(config.model, compute),
     )
 
 

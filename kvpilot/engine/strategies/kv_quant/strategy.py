@@ -7,6 +7,7 @@ from kvpilot.engine.core.cache_spec import INT8_SCALE_BYTES, FullAttentionSpec, 
 from kvpilot.engine.strategies.contract import BlockManagerLike, MemoryStrategy, Requeue, RunnerView
 from kvpilot.engine.strategies.kv_quant.check import kv_quant_checks
 from kvpilot.engine.validation.runner import ApproximationCheck
+from kvpilot.strategy_schema import kv_dtype
 
 
 class KVQuantStrategy(MemoryStrategy):
@@ -22,7 +23,7 @@ class KVQuantStrategy(MemoryStrategy):
         if not layout.is_quantised or not isinstance(spec, FullAttentionSpec):
             return spec
         assert layout.quant is not None
-        scale = INT8_SCALE_BYTES if layout.quant == "int8" else 0
+        scale = INT8_SCALE_BYTES if kv_dtype(layout.quant).token_scales else 0
         # auto switching splits the memory between a 16-bit and an int8 pool: the 16-bit page sizes it
         return QuantizedKVSpec(spec, layout.quant, scale, sized_by_full=layout.kind == "auto-switch")
 
