@@ -15,6 +15,7 @@ from kvpilot.operator.reconcile.tracks import canary_spec
 from kvpilot.operator.spec import CalibrationRef, ServiceSpec, track_digest
 from kvpilot.operator.status.conditions import get_condition
 from kvpilot.planner import PlannerError
+from tests.helpers.model_configs import DEEPSEEK_V3_FP8
 
 pytestmark = pytest.mark.unit
 CALIBRATED_GQA = {"attention": "gqa", "kvHeadGroups": 4, "maxSeqLen": 8192,
@@ -99,6 +100,7 @@ def test_partial_rope_mla_passes_dims_pairs_and_plans_the_wider_row() -> None:
     ({"attention": "mla", "mlaRopeDims": 16}, DEEPSEEK_V3, ["mlaRopeDims", "own RoPE split", "unset"]),
     ({**ROPE_MLA, "calibration": None}, LLAMA3_8B, ["mlaRopePairs turn", "strategy.calibration", "high or auto"]),
     ({**ROPE_MLA, "mlaRopePairs": "norm", "calibration": None}, LLAMA3_8B, ["mlaRopePairs norm"]),
+    ({"attention": "native"}, DEEPSEEK_V3_FP8, ["quantization_config", "'fp8'", "unquantised checkpoint"]),
 ])
 def test_preflight_refuses_what_the_engine_would_refuse(strategy: dict, config: dict, words: list[str]) -> None:
     spec = ServiceSpec.from_dict(service(config=config, strategy=strategy)["spec"])

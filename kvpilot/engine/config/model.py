@@ -73,6 +73,14 @@ class ModelConfig:
                 f"{source}: architectures={archs} model_type={raw.get('model_type')!r} is not supported; "
                 f"kvpilot runs {sorted(SUPPORTED_ARCHITECTURES)}"
             )
+        quant = raw.get("quantization_config")
+        if quant:
+            method = quant.get("quant_method") if isinstance(quant, dict) else quant
+            raise ValueError(
+                f"{source}: quantization_config (quant_method {method!r}): kvpilot loads unquantised weights only "
+                "(float32/float16/bfloat16 safetensors); serve the unquantised checkpoint (kv_cache_dtype int8 or "
+                "fp8 quantises the KV cache instead)"
+            )
         heads = int(raw["num_attention_heads"])
         hidden = int(raw["hidden_size"])
         eos = raw.get("eos_token_id")

@@ -50,6 +50,14 @@ def preflight(spec: ServiceSpec, model_config: Mapping[str, Any]) -> CapacityPla
     calibration, ...); returns an infeasible plan when it merely does not fit.
     """
     check_strategy(spec)
+    quant = model_config.get("quantization_config")
+    if quant:  # the engine refuses it at start (engine/config/model.py): refused here, before a crash-looping pod
+        method = quant.get("quant_method") if isinstance(quant, Mapping) else quant
+        raise StrategyRefused(
+            f"the model's config.json has quantization_config (quant_method {method!r}): the engine loads "
+            "unquantised weights only (float32/float16/bfloat16); point spec.model at the unquantised checkpoint "
+            "(strategy.kvCacheDtype int8 or fp8 quantises the KV cache instead)"
+        )
     problems = conflicts(spec.pod)  # spec.pod against the operator's own labels, volumes and mounts
     if problems:
         raise StrategyRefused("; ".join(problems))
