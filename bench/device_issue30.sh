@@ -52,6 +52,7 @@ serve_dir() { mkdir -p "/tmp/serve-$1" && cp /tmp/offline.json "/tmp/serve-$1/of
 case "${1:-speed}" in
 gemv)  # session 16 (prepared without a device): the fused GEMV + add + RMSNorm (fused_gemv_rows), the folded decode reduce
   export STEP_FILES=1 TRITON_CACHE_DIR=/tmp/triton-cache
+  step bounds 30 python3 bench/speed_bounds.py
   step kernel_tests 90 python3 -m pytest -p no:cacheprovider -q -o addopts="" -rf tests/kernels/test_gemv_norm.py \
     tests/kernels/test_rmsnorm.py tests/kernels/test_rotary_silu_mul.py
   step gpu_tests 150 python3 -m pytest -p no:cacheprovider -m gpu -q -o addopts="" -rf tests/gpu/test_ticket_kernels_gpu.py \

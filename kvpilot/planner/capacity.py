@@ -56,6 +56,10 @@ class CapacityPlan:
     reserve_sequences: int = 0  # max_seq_len sequences the reserve holds at once
     pool16_sequences: int = 0  # kv_cache_dtype auto switching: sequences the 16-bit pool holds
     pool8_sequences: int = 0  # ... and the int8 pool
+    # blocks of block_bytes in the whole pool, the reserve included, beside the fixed state of max_num_seqs
+    # sequences: the engine's num_kv_blocks (it carves the reserve out of them and allocates a state slot per
+    # sequence it may run), which `kvpilot serve` sets from the plan
+    engine_blocks: int = 0
 
     def require(self) -> CapacityPlan:
         """This plan, or InfeasiblePlanError when it does not fit."""
@@ -105,21 +109,24 @@ def plan_capacity(
         switches = (strategy.kv_quant_auto_threshold or 0) <= split.pool16_sequences
         concurrency = split.pool16_sequences + (split.pool8_sequences if switches else 0)
         per_request = exact_sequence_bytes(model, strategy, max_seq_len)
-    block_bytes = bs * (footprint.bytes_per_token or footprint.window_bytes_per_token)
+    block_bytes = bs * footprint.bytes_per_token
     blocks_per_request = _blocks_per_request(footprint, max_seq_len, bs)
     paged_pool = serving - concurrency * footprint.fixed_bytes_per_sequence
     num_blocks = paged_pool // block_bytes if block_bytes else 0
+    state = max_num_seqs * footprint.fixed_bytes_per_sequence
+    engine_blocks = max(0, pool - state) // block_bytes if block_bytes else 0
     plan = CapacityPlan(
         strategy=strategy.label, gpu_product=gpu.product, gpus=gpus, total_memory_bytes=total,
         weights_bytes=weights, cuda_context_bytes=context, activation_peak_bytes=activation,
         free_bytes=free, watermark=watermark, kv_pool_bytes=pool,
-        bytes_per_token=footprint.bytes_per_token + footprint.window_bytes_per_token,
+        bytes_per_token=footprint.bytes_per_token,
         fixed_bytes_per_sequence=footprint.fixed_bytes_per_sequence, block_size=bs,
         block_bytes=block_bytes, num_blocks=num_blocks, max_seq_len=max_seq_len,
         blocks_per_request=blocks_per_request, per_request_peak_bytes=per_request,
         max_concurrency=concurrency, feasible=concurrency >= 1, reason="",
         reserve_bytes=split.reserve_bytes, reserve_sequences=split.reserve_sequences,
         pool16_sequences=split.pool16_sequences, pool8_sequences=split.pool8_sequences,
+        engine_blocks=engine_blocks,
     )
     return _with_reason(plan, footprint)
 
@@ -155,15 +162,12 @@ def _shard(fp: KVFootprint, model: ModelShape, strategy: KVStrategy, gpus: int) 
         copies_num, copies_den = gpus * -(-heads // gpus), heads  # fewer heads than GPUs: one copy per GPU
     return KVFootprint(
         bytes_per_token=fp.bytes_per_token * copies_num // copies_den,
-        window_bytes_per_token=fp.window_bytes_per_token * copies_num // copies_den,
-        window_tokens=fp.window_tokens,
         fixed_bytes_per_sequence=fp.fixed_bytes_per_sequence,
     )
 
 
 def _blocks_per_request(fp: KVFootprint, max_seq_len: int, block_size: int) -> int:
-    tokens = max_seq_len if fp.bytes_per_token else min(max_seq_len, fp.window_tokens)
-    return -(-tokens // block_size)
+    return -(-max_seq_len // block_size) if fp.bytes_per_token else 0
 
 
 def _longest_fitting(fp: KVFootprint, pool: int, block_size: int) -> int:

@@ -23,8 +23,10 @@ class KVStrategy:
       (default: the model's own `kv_lora_rank` for DeepSeek models); with `mla_rope_dims` R (the
       conversion's partial RoPE, non-DeepSeek models only) each KV head also caches R exact RoPE key
       dims beside it, so a row is latent_rank + num_kv_heads x R wide.
-    - `linear`: every layer keeps a fixed state (heads x feature_dim x head_dim, fp32) plus an
-      exact window of the last `linear_window` tokens' K/V.
+    - `linear` (the engine's Performer conversion): every layer keeps a fixed summary per sequence
+      (KV heads x feature_dim x (head_dim + 1), fp32) and, in paged blocks, every token's K/V as `native`
+      does: the exact window is read from them and a sequence that fails runtime validation falls back to
+      exact attention over them (engine: strategies/linear). `linear_window` changes compute, not memory.
     """
 
     attention: str = default("attention")
@@ -82,18 +84,14 @@ class KVStrategy:
 
 @dataclass(frozen=True)
 class KVFootprint:
-    """Cache bytes of one sequence: growing per token, capped by a window, and fixed."""
+    """Cache bytes of one sequence: growing per token and fixed."""
 
-    bytes_per_token: int  # every token, for the whole sequence (full-attention layers)
-    window_bytes_per_token: int  # only the last `window_tokens` tokens (linear layers' exact window)
-    window_tokens: int
-    fixed_bytes_per_sequence: int  # recurrent states of linear layers
+    bytes_per_token: int  # every token, for the whole sequence (paged layers)
+    fixed_bytes_per_sequence: int  # recurrent states (hybrid linear layers, the Performer summary)
 
     def sequence_bytes(self, tokens: int, block_size: int) -> int:
         """Peak bytes of one sequence of `tokens` tokens, with paged blocks rounded up."""
-        full = _round_up(tokens, block_size) * self.bytes_per_token
-        window = _round_up(min(tokens, self.window_tokens), block_size) * self.window_bytes_per_token
-        return full + window + self.fixed_bytes_per_sequence
+        return _round_up(tokens, block_size) * self.bytes_per_token + self.fixed_bytes_per_sequence
 
 
 def kv_footprint(model: ModelShape, strategy: KVStrategy) -> KVFootprint:
@@ -106,9 +104,7 @@ def kv_footprint(model: ModelShape, strategy: KVStrategy) -> KVFootprint:
     per_layer = vectors * (width * elem + scale)
     return KVFootprint(
         bytes_per_token=model.num_full_layers * per_layer,
-        window_bytes_per_token=0,
-        window_tokens=0,
-        fixed_bytes_per_sequence=model.num_linear_layers * _linear_state_bytes(model, strategy),
+        fixed_bytes_per_sequence=model.num_linear_layers * _lightning_state_bytes(model),
     )
 
 
@@ -161,19 +157,19 @@ def rope_dims(model: ModelShape, strategy: KVStrategy) -> int:
 def _linear(model: ModelShape, strategy: KVStrategy, elem: int, scale: int) -> KVFootprint:
     if model.mla:
         raise PlannerError("attention 'linear' is not available for MLA models; use 'native' or 'mla'")
-    window = model.num_layers * 2 * model.num_kv_heads * (model.head_dim * elem + scale)
-    return KVFootprint(
-        bytes_per_token=0,
-        window_bytes_per_token=window if strategy.linear_window else 0,
-        window_tokens=strategy.linear_window,
-        fixed_bytes_per_sequence=model.num_layers * _linear_state_bytes(model, strategy),
+    per_layer = 2 * model.num_kv_heads * (model.head_dim * elem + scale)  # every token's K/V, as native
+    feature = strategy.linear_feature_dim or model.head_dim
+    summary = model.num_kv_heads * feature * (model.head_dim + 1) * LINEAR_STATE_BYTES  # [Hkv, m, Dv + 1]
+    return KVFootprint(  # a hybrid model's own linear layers keep their state
+        bytes_per_token=model.num_full_layers * per_layer,
+        fixed_bytes_per_sequence=model.num_full_layers * summary + model.num_linear_layers * _lightning_state_bytes(model),
     )
 
 
-def _linear_state_bytes(model: ModelShape, strategy: KVStrategy) -> int:
-    feature = strategy.linear_feature_dim or model.head_dim
-    state = model.num_attention_heads * feature * model.head_dim  # phi(K)^T V per head
-    normaliser = model.num_attention_heads * feature  # sum of phi(K) per head
+def _lightning_state_bytes(model: ModelShape) -> int:
+    """A hybrid model's linear layer (MiniMax lightning): phi(K)^T V per head, and a normaliser (conservative)."""
+    state = model.num_attention_heads * model.head_dim * model.head_dim
+    normaliser = model.num_attention_heads * model.head_dim
     return (state + normaliser) * LINEAR_STATE_BYTES
 
 

@@ -73,3 +73,41 @@ def test_a_file_that_is_not_safetensors_is_named(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors").write_bytes((8).to_bytes(8, "little") + b"\xff\xfe{}}}}}}")
     with pytest.raises(ValueError, match="header is not JSON"):
         loaded_weight_bytes(tmp_path, 2)
+
+
+def _pool_bytes(engine) -> int:
+    cache = engine.runner.cache
+    state = engine.runner.linear_state.bytes_total if engine.runner.linear_state is not None else 0
+    return cache.kv_cache.numel() * cache.kv_cache.element_size() + cache.quant_bytes + state
+
+
+_SIZING = {"max_model_len": 256, "max_num_seqs": 8, "max_num_batched_tokens": 256}
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [{}, {"kv_cache_dtype": "int8"}, {"kv_cache_dtype": "fp8"}, {"attention": "gqa", "kv_head_groups": 2},
+     {"attention": "mla", "latent_rank": 32}, {"kv_cache_dtype": "auto", "kv_quant_auto_threshold": 4},
+     {"attention": "linear"}],
+    ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()) or "defaults",
+)  # fmt: skip
+def test_the_engine_fills_the_planned_pool(bf16_llama: Path, knobs: dict) -> None:
+    """`kvpilot serve` sets num_kv_blocks = plan.engine_blocks: the pool the engine allocates, the fallback
+    reserve and the recurrent state included, is the plan's pool (before, the reserve was left out of it and a
+    converted or 8-bit pool used ~90% of its memory)."""
+    probe = make_engine(bf16_llama, num_kv_blocks=4, **_SIZING, **knobs)
+    plan = plan_for(probe.config, "cpu", 64 * 2**20, 0.9)
+    engine = make_engine(bf16_llama, num_kv_blocks=plan.engine_blocks, **_SIZING, **knobs)
+    assert 0.99 * plan.kv_pool_bytes < _pool_bytes(engine) <= plan.kv_pool_bytes
+
+
+def test_a_hybrid_model_fills_the_planned_pool(tmp_path: Path) -> None:
+    """MiniMax: lightning-attention layers hold a recurrent state per sequence slot beside the paged layers."""
+    from tests.helpers.minimax import build_minimax_checkpoint
+
+    path = build_minimax_checkpoint(tmp_path)
+    probe = make_engine(path, num_kv_blocks=4, **_SIZING)
+    plan = plan_for(probe.config, "cpu", 64 * 2**20, 0.9)
+    engine = make_engine(path, num_kv_blocks=plan.engine_blocks, **_SIZING)
+    assert engine.runner.linear_state is not None
+    assert 0.99 * plan.kv_pool_bytes < _pool_bytes(engine) <= plan.kv_pool_bytes

@@ -108,15 +108,15 @@ def test_mla_strategy_on_llama_caches_one_latent_of_latent_rank() -> None:
     assert fp.bytes_per_token * 16 == 512 * KIB  # one latent of d/8 replaces K and V (2 x d)
 
 
-def test_linear_strategy_is_fixed_state_plus_exact_window() -> None:
+def test_linear_strategy_keeps_every_token_and_a_summary() -> None:
+    """The engine's Performer conversion reads its window from, and falls back to, every token's K/V."""
     model = shape(LLAMA3_8B)
-    strategy = KVStrategy(attention="linear", linear_window=64)
-    fp = kv_footprint(model, strategy)
-    assert fp.bytes_per_token == 0
-    assert fp.window_bytes_per_token == 128 * KIB and fp.window_tokens == 64
-    assert fp.fixed_bytes_per_sequence == 32 * (32 * 128 * 128 + 32 * 128) * 4
-    # the same peak at 4K and at 128K tokens: nothing grows past the window
-    assert fp.sequence_bytes(4096, 16) == fp.sequence_bytes(131072, 16)
+    fp = kv_footprint(model, KVStrategy(attention="linear", linear_window=64))
+    assert fp.bytes_per_token == kv_footprint(model, KVStrategy()).bytes_per_token == 128 * KIB
+    assert fp.fixed_bytes_per_sequence == 32 * 8 * 128 * (128 + 1) * 4  # layers x [Hkv, m, Dv + 1] fp32
+    assert kv_footprint(model, KVStrategy(attention="linear", linear_window=512)) == fp  # compute, not memory
+    wide = kv_footprint(model, KVStrategy(attention="linear", linear_feature_dim=256))
+    assert wide.fixed_bytes_per_sequence == 2 * fp.fixed_bytes_per_sequence
 
 
 def test_minimax_hybrid_keeps_kv_only_for_softmax_layers() -> None:

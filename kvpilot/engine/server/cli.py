@@ -92,8 +92,8 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, ServerSettings, str]:
     elif not plan.feasible:
         raise ValueError(f"the capacity plan does not fit: {plan.reason}")
     else:
-        config.num_kv_blocks = plan.num_blocks
-        lines.append(f"KV pool: {plan.num_blocks} blocks, sized from the plan")
+        config.num_kv_blocks = plan.engine_blocks  # the reserve's and the approximate pool's together
+        lines.append(f"KV pool: {plan.engine_blocks} blocks, sized from the plan")
     settings = dataclasses.replace(
         settings, model_name=settings.model_name or settings.model.resolve().name,
         strategy=settings.strategy or strategy_name(config),

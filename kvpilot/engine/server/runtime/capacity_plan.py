@@ -101,8 +101,8 @@ def plan_for(config: Any, device: str, cpu_budget_bytes: int, watermark: float) 
     kv_dtype = {"model": config.dtype, "auto-switch": "auto"}.get(kind, kind)
     groups = gqa_groups(config)
     attention = config.attention if config.attention != "gqa" else "gqa" if groups else "native"
-    if attention == "linear":  # the Performer conversion still keeps every token's K/V in paged blocks
-        attention = "native"
+    if attention == "linear" and getattr(config, "disable_linear", False):
+        attention = "native"  # --disable-linear: the checkpoint's softmax attention
     if attention == "mla" and getattr(config, "disable_mla", False):
         attention = "native"  # --disable-mla: the checkpoint's own K/V
     strategy = KVStrategy(
@@ -115,6 +115,7 @@ def plan_for(config: Any, device: str, cpu_budget_bytes: int, watermark: float) 
         kv_quant_auto_threshold=config.kv_quant_auto_threshold if kind == "auto-switch" else None,
         kv_quant_auto_split=getattr(config, "kv_quant_auto_split", 0.5),
         calibrated=getattr(config, "conversion_calibration", None) is not None,
+        linear_feature_dim=getattr(config, "linear_features", None),
     )
     compute = DTYPE_BYTES[compute_dtype(config.dtype, model_dtype(config.model), device.split(":")[0])]
     # the engine's parameters and activations are in the compute dtype, whatever the checkpoint stores
