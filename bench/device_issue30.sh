@@ -14,13 +14,15 @@
 #   run(command="BUDGET=480 bash bench/device_issue30.sh verify")     # kernel + GPU tests, GEMV at M=1, offline
 #                                                                     # breakdown int8 and bf16, batch-1 step
 #   (stages fused and strategies: session 15's first measurement and its strategies' GPU tests)
+#   run(command="BUDGET=570 bash bench/device_issue30.sh final")      # session 17: defaults, GPU tests, offline
+#                                                                     # bf16 + int8, batch 1 and 256, bounds
 #   run(command="BUDGET=560 bash bench/device_issue30.sh gemv")       # the fused GEMV + add + RMSNorm: its kernel and
 #                                                                     # GPU tests, the sweep against cuBLAS + norm,
 #                                                                     # batch 1 and 4 with --fused-gemv-rows
 # Everything is logged to $OUT/issue30.log; each step's JSON record also to $OUT/records.jsonl.
 set -u
 start=$SECONDS
-if [[ ${1:-speed} != int8 && ${1:-speed} != fresh && ${1:-speed} != sweep && ${1:-speed} != fused && ${1:-speed} != verify && ${1:-speed} != gemv ]]; then  # int8 and fresh run no server: no wheels to carry
+if [[ ${1:-speed} != int8 && ${1:-speed} != fresh && ${1:-speed} != sweep && ${1:-speed} != fused && ${1:-speed} != verify && ${1:-speed} != gemv && ${1:-speed} != final ]]; then  # int8 and fresh run no server: no wheels to carry
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
 fi
@@ -66,6 +68,17 @@ gemv)  # session 16 (prepared without a device): the fused GEMV + add + RMSNorm 
     --fused-gemv-rows 1 --fused-gemv-projections o_proj
   step decode_b4_fused 45 python3 bench/profile_decode_kernels.py --batch 4 --context 512 --max-num-seqs 8 --top 8 \
     --fused-gemv-rows 4
+  ;;
+final)  # session 17, second call: the defaults after the gemv stage chose them; every figure against its bound
+  export STEP_FILES=1 TRITON_CACHE_DIR=/tmp/triton-cache
+  step bounds 30 python3 bench/speed_bounds.py
+  step gpu_tests 170 python3 -m pytest -p no:cacheprovider -m gpu -q -o addopts="" -rf \
+    tests/gpu/test_engine_gpu.py tests/gpu/test_cuda_graphs_gpu.py tests/gpu/test_kv_quant_graphs_gpu.py \
+    tests/gpu/test_async_scheduling_gpu.py tests/gpu/test_ticket_kernels_gpu.py
+  step offline 110 python3 -m kvpilot.cli bench offline --shape llama-3-8b --no-progress
+  step offline_int8 100 python3 -m kvpilot.cli bench offline --shape llama-3-8b --kv-cache-dtype int8 --no-progress
+  step decode_b1 45 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 --top 12
+  step decode_b256 50 python3 bench/profile_decode_kernels.py --batch 256 --context 700 --top 12
   ;;
 strategies)  # session 15, third call: the GPU tests of the strategies over the changed Llama layers
   export STEP_FILES=1 TRITON_CACHE_DIR=/tmp/triton-cache
