@@ -101,6 +101,9 @@ def test_partial_rope_mla_passes_dims_pairs_and_plans_the_wider_row() -> None:
     ({**ROPE_MLA, "calibration": None}, LLAMA3_8B, ["mlaRopePairs turn", "strategy.calibration", "high or auto"]),
     ({**ROPE_MLA, "mlaRopePairs": "norm", "calibration": None}, LLAMA3_8B, ["mlaRopePairs norm"]),
     ({"attention": "native"}, DEEPSEEK_V3_FP8, ["quantization_config", "'fp8'", "unquantised checkpoint"]),
+    ({"attention": "linear", "kvCacheDtype": "int8"}, LLAMA3_8B, ["16-bit KV cache", "kvCacheDtype int8", "bf16"]),
+    ({"attention": "linear", "kvCacheDtype": "auto", "kvQuantAutoThreshold": 8}, LLAMA3_8B, ["kvQuantAutoThreshold"]),
+    ({"attention": "linear", "eviction": "sinks"}, LLAMA3_8B, ["eviction sinks", "0 sink tokens", "eviction none"]),
 ])
 def test_preflight_refuses_what_the_engine_would_refuse(strategy: dict, config: dict, words: list[str]) -> None:
     spec = ServiceSpec.from_dict(service(config=config, strategy=strategy)["spec"])
@@ -203,3 +206,37 @@ def test_the_probe_set_is_refused_as_calibration_text(where: str) -> None:
     body["spec"]["canary"]["analysis"] = {"probeSet": "other-probes"}  # a disjoint probe set is fine
     spec = ServiceSpec.from_dict(body["spec"]) if where == "stable" else canary_spec(body["spec"], None, "ns")
     assert preflight(spec, LLAMA3_8B).feasible
+
+
+@pytest.mark.parametrize("strategy", [
+    {"attention": "linear"}, {"attention": "linear", "kvCacheDtype": "bf16"}, {"attention": "linear", "kvCacheDtype": "int8"},
+    {"attention": "linear", "kvCacheDtype": "fp8"}, {"attention": "linear", "kvCacheDtype": "auto", "kvQuantAutoThreshold": 8},
+    {"attention": "linear", "eviction": "sinks"}, {"attention": "linear", "eviction": "ladder"},
+    {"attention": "native", "eviction": "sinks", "kvCacheDtype": "int8"}, {"attention": "mla", "latentRank": 512, "kvCacheDtype": "fp8"},
+])  # fmt: skip
+def test_preflight_refuses_exactly_what_the_engine_refuses_at_start(strategy: dict, tmp_path) -> None:
+    """The engine's flags as the operator writes them, parsed by `kvpilot serve`'s own parser: a spec the preflight
+    passes must start, and one the engine refuses must not get a (crash-looping) pod."""
+    import argparse
+    import json
+
+    from kvpilot.engine.config import EngineConfig
+    from kvpilot.engine.config.arguments import add_config_arguments, config_kwargs
+    from kvpilot.operator.builders.engine_args import strategy_flags
+
+    spec = ServiceSpec.from_dict(service(config=LLAMA3_8B, strategy=strategy)["spec"])
+    try:
+        preflight(spec, LLAMA3_8B)
+        refused = None
+    except PlannerError as exc:
+        refused = exc
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    args, _ = parser.parse_known_args(strategy_flags(spec.strategy))
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B))
+    try:
+        EngineConfig(model=str(tmp_path), **config_kwargs(args))
+        engine_refusal = None
+    except ValueError as exc:
+        engine_refusal = exc
+    assert (refused is None) == (engine_refusal is None), (refused, engine_refusal)

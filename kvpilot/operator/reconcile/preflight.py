@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvpilot.operator.pod_overrides import conflicts
-from kvpilot.operator.spec import ServiceSpec
+from kvpilot.operator.spec import ServiceSpec, StrategySpec
 from kvpilot.planner import CapacityPlan, ModelShape, PlannerError, gpu_spec, plan_capacity
-from kvpilot.strategy_schema import CALIBRATED_ROPE_PAIRS, MLA_ROPE_PAIRS
+from kvpilot.strategy_schema import CALIBRATED_ROPE_PAIRS, EIGHT_BIT_KV_DTYPES, MLA_ROPE_PAIRS
 
 
 class StrategyRefused(PlannerError):
@@ -34,11 +34,30 @@ def check_strategy(spec: ServiceSpec) -> None:
             "calibrating on the prompts the accuracy gate scores leaks them into the model, and the gate would "
             "pass conversions that lose accuracy on real traffic; calibrate on a ConfigMap of other traffic"
         )
+    if strategy.attention == "linear":
+        _check_linear(strategy)
     if strategy.attention == "gqa" and strategy.active_calibration is not None and spec.gpus > 1:
         raise StrategyRefused(
             f"strategy.calibration with attention gqa regroups the KV heads on one GPU; it is not available with "
             f"resources.gpus={spec.gpus}: drop strategy.calibration (index grouping works on several GPUs) or use "
             "resources.gpus 1"
+        )
+
+
+def _check_linear(strategy: StrategySpec) -> None:
+    """The Performer conversion's rules (engine/config/strategy.check_linear_strategy)."""
+    switching = strategy.kv_cache_dtype == "auto" and strategy.kv_quant_auto_threshold is not None
+    if strategy.kv_cache_dtype in EIGHT_BIT_KV_DTYPES or switching:
+        chosen = "auto with kvQuantAutoThreshold" if switching else strategy.kv_cache_dtype
+        raise StrategyRefused(
+            f"attention linear reads its exact window from a 16-bit KV cache, not kvCacheDtype {chosen}; choose "
+            "kvCacheDtype bf16, fp16 or auto (without kvQuantAutoThreshold)"
+        )
+    if strategy.eviction != "none":
+        raise StrategyRefused(
+            f"attention linear with eviction {strategy.eviction}: the Performer window is read by position, so the "
+            "engine allows only sinks eviction with 0 sink tokens and a window of at least linearWindow - 1, which "
+            "spec.strategy cannot set (the engine keeps 4 sinks by default); use eviction none"
         )
 
 
