@@ -32,8 +32,14 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--top", type=int, default=18)
+    parser.add_argument("--fold-reduce", action="store_true",
+                        help="paged decode folds its split reduction into the split kernel (heuristics.FOLD_REDUCE)")
     add_config_arguments(parser.add_argument_group("engine"))
     args = parser.parse_args()
+    if args.fold_reduce:
+        from kvpilot.engine.kernels.paged_decode import heuristics
+
+        heuristics.FOLD_REDUCE = True
     engine = shape_engine(args.shape, args)
     admit_computed(engine, args.batch, args.context, max_tokens=3 * args.steps + 10)
     for _ in range(5):
