@@ -122,6 +122,13 @@ STRATEGY_FIELDS = (
     StrategyField("max_seq_len", "maxSeqLen", int, 4096, minimum=16, maximum=1048576, engine_field="max_model_len"),
     StrategyField("block_size", "blockSize", int, 16, choices=BLOCK_SIZES, engine_field="block_size"),
     StrategyField("eviction", "eviction", str, "none", choices=EVICTION_MODES, engine_field="eviction"),
+    # No CRD defaults: new keys in every stored strategy would change the digest a promotion is keyed to
+    StrategyField("eviction_sinks", "evictionSinks", int, 4, crd_default=False, minimum=0, maximum=65536,
+                  engine_field="eviction_sinks"),
+    StrategyField("eviction_window", "evictionWindow", int, 1024, crd_default=False, minimum=1, maximum=1048576,
+                  engine_field="eviction_window"),
+    StrategyField("eviction_ladder_span", "evictionLadderSpan", int, crd_default=False, minimum=1, maximum=1048576,
+                  engine_field="eviction_ladder_span"),
     StrategyField("max_num_batched_tokens", "maxNumBatchedTokens", int, 8192, minimum=256, maximum=1048576,
                   engine_field="max_num_batched_tokens"),
 )

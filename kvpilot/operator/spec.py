@@ -63,6 +63,9 @@ class StrategySpec:
     max_seq_len: int = default("max_seq_len")
     block_size: int = default("block_size")
     eviction: str = default("eviction")
+    eviction_sinks: int = default("eviction_sinks")  # eviction: first tokens always kept
+    eviction_window: int = default("eviction_window")  # ... and the recent tokens kept
+    eviction_ladder_span: int | None = default("eviction_ladder_span")  # ladder: tokens per level (None: window)
     max_num_batched_tokens: int = default("max_num_batched_tokens")
     kv_quant_auto_threshold: int | None = None  # kvCacheDtype auto: int8 blocks from this batch size
     kv_quant_auto_split: float = default("kv_quant_auto_split")
@@ -91,6 +94,8 @@ class StrategySpec:
             fallback_reserve=self.fallback_reserve, kv_quant_auto_split=self.kv_quant_auto_split,
             kv_quant_auto_threshold=self.kv_quant_auto_threshold if self.kv_cache_dtype == "auto" else None,
             calibrated=self.active_calibration is not None, mla_rope_dims=self.active_mla_rope_dims,
+            eviction=self.eviction, eviction_sinks=self.eviction_sinks, eviction_window=self.eviction_window,
+            eviction_ladder_span=self.eviction_ladder_span,
         )
 
 

@@ -101,16 +101,20 @@ def plan_capacity(
     free = total - weights - context - activation
     pool = max(0, int(free * watermark))
     bs = strategy.block_size
-    per_request = footprint.sequence_bytes(max_seq_len, bs)
+    per_request = _request_bytes(footprint, strategy, max_seq_len)  # under eviction: its resident blocks
     split = split_pool(model, strategy, pool, max_seq_len)  # sequences counted unsharded: conservative
     serving = pool - split.reserve_bytes  # the approximate pool beside the fallback reserve
-    concurrency = serving // per_request if per_request else 0
+    room = serving
+    if strategy.eviction != "none" and footprint.bytes_per_token:
+        # a prompt's chunk lands before its eviction runs: room for one step's prefill budget beside the residents
+        room -= -(-max_num_batched_tokens // bs) * bs * footprint.bytes_per_token
+    concurrency = max(0, room) // per_request if per_request else 0
     if split.pool16_sequences or split.pool8_sequences:  # auto switching: both pools, if the switch happens
         switches = (strategy.kv_quant_auto_threshold or 0) <= split.pool16_sequences
         concurrency = split.pool16_sequences + (split.pool8_sequences if switches else 0)
         per_request = exact_sequence_bytes(model, strategy, max_seq_len)
     block_bytes = bs * footprint.bytes_per_token
-    blocks_per_request = _blocks_per_request(footprint, max_seq_len, bs)
+    blocks_per_request = strategy.resident_blocks(max_seq_len) if footprint.bytes_per_token else 0
     paged_pool = serving - concurrency * footprint.fixed_bytes_per_sequence
     num_blocks = paged_pool // block_bytes if block_bytes else 0
     state = max_num_seqs * footprint.fixed_bytes_per_sequence
@@ -128,7 +132,7 @@ def plan_capacity(
         pool16_sequences=split.pool16_sequences, pool8_sequences=split.pool8_sequences,
         engine_blocks=engine_blocks,
     )
-    return _with_reason(plan, footprint)
+    return _with_reason(plan, footprint, strategy)
 
 
 def max_seq_len_from_p95(p95_request_tokens: int, headroom: float = 0.2, block_size: int = 16) -> int:
@@ -166,21 +170,22 @@ def _shard(fp: KVFootprint, model: ModelShape, strategy: KVStrategy, gpus: int) 
     )
 
 
-def _blocks_per_request(fp: KVFootprint, max_seq_len: int, block_size: int) -> int:
-    return -(-max_seq_len // block_size) if fp.bytes_per_token else 0
+def _request_bytes(fp: KVFootprint, strategy: KVStrategy, tokens: int) -> int:
+    """Peak KV bytes of one request of up to `tokens` tokens: the blocks it keeps resident, and its fixed state."""
+    return strategy.resident_blocks(tokens) * strategy.block_size * fp.bytes_per_token + fp.fixed_bytes_per_sequence
 
 
-def _longest_fitting(fp: KVFootprint, pool: int, block_size: int) -> int:
-    if fp.sequence_bytes(1, block_size) > pool:
+def _longest_fitting(fp: KVFootprint, strategy: KVStrategy, pool: int) -> int:
+    if _request_bytes(fp, strategy, 1) > pool:
         return 0
     lo, hi = 1, 1 << 40
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if fp.sequence_bytes(mid, block_size) <= pool else (lo, mid - 1)
+        lo, hi = (mid, hi) if _request_bytes(fp, strategy, mid) <= pool else (lo, mid - 1)
     return lo
 
 
-def _with_reason(plan: CapacityPlan, fp: KVFootprint) -> CapacityPlan:
+def _with_reason(plan: CapacityPlan, fp: KVFootprint, strategy: KVStrategy) -> CapacityPlan:
     if plan.free_bytes <= 0:
         reason = (
             f"weights {hb(plan.weights_bytes)} + CUDA context {hb(plan.cuda_context_bytes)} + activation peak "
@@ -189,7 +194,7 @@ def _with_reason(plan: CapacityPlan, fp: KVFootprint) -> CapacityPlan:
             "or a smaller prefill token budget"
         )
     elif plan.max_concurrency < 1:
-        longest = _longest_fitting(fp, plan.kv_pool_bytes, plan.block_size)
+        longest = _longest_fitting(fp, strategy, plan.kv_pool_bytes)
         reason = (
             f"one request at max_seq_len {plan.max_seq_len} needs {hb(plan.per_request_peak_bytes)} of KV "
             f"({hb(plan.bytes_per_token)}/token) but the KV pool is {hb(plan.kv_pool_bytes)} "
@@ -201,6 +206,11 @@ def _with_reason(plan: CapacityPlan, fp: KVFootprint) -> CapacityPlan:
             f"{plan.max_concurrency} concurrent requests of {plan.max_seq_len} tokens in a "
             f"{hb(plan.kv_pool_bytes)} KV pool ({hb(plan.bytes_per_token)}/token)"
         )
+        if strategy.eviction != "none":
+            reason += (
+                f", each keeping {plan.blocks_per_request} blocks resident under {strategy.eviction} eviction "
+                "(room for one step's prefill chunk beside them)"
+            )
     if plan.reserve_bytes:
         reason += (
             f"; {hb(plan.reserve_bytes)} of it is the fallback reserve, {plan.reserve_sequences} exact-path "

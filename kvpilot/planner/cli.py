@@ -19,7 +19,7 @@ from kvpilot.planner.gpus import GPU_PRODUCTS, gpu_spec
 from kvpilot.planner.model_shape import ModelShape
 from kvpilot.planner.strategy import KVStrategy
 from kvpilot.planner.table import format_plan
-from kvpilot.strategy_schema import ATTENTIONS, SPEC_KV_CACHE_DTYPES, default
+from kvpilot.strategy_schema import ATTENTIONS, EVICTION_MODES, SPEC_KV_CACHE_DTYPES, default
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="mla conversion: exact RoPE dims per KV head cached beside the latent (partial RoPE)")
     parser.add_argument("--linear-window", type=int, default=default("linear_window"), help="linear: exact recent window (tokens)")
     parser.add_argument("--kv-cache-dtype", choices=SPEC_KV_CACHE_DTYPES, default=default("kv_cache_dtype"))
+    parser.add_argument("--eviction", choices=EVICTION_MODES, default=default("eviction"),
+                        help="KV eviction: a sequence keeps its sinks and recent window resident (ladder: and a ladder)")
+    parser.add_argument("--eviction-sinks", type=int, default=default("eviction_sinks"), help="eviction: first tokens kept")
+    parser.add_argument("--eviction-window", type=int, default=default("eviction_window"),
+                        help="eviction: recent tokens kept")
+    parser.add_argument("--eviction-ladder-span", type=int, help="ladder: tokens per level (default: the window)")
     length = parser.add_mutually_exclusive_group()
     length.add_argument("--max-seq-len", type=_positive_int, help="longest request (prompt + output), tokens")
     length.add_argument("--p95-tokens", type=_positive_int, help="P95 request length; max_seq_len = +20%%")
@@ -55,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
         strategy = KVStrategy(
             attention=args.attention, kv_head_groups=args.kv_head_groups, latent_rank=args.latent_rank,
             kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size, linear_window=args.linear_window,
-            mla_rope_dims=args.mla_rope_dims,
+            mla_rope_dims=args.mla_rope_dims, eviction=args.eviction, eviction_sinks=args.eviction_sinks,
+            eviction_window=args.eviction_window, eviction_ladder_span=args.eviction_ladder_span,
         )
         max_seq_len = args.max_seq_len or (
             max_seq_len_from_p95(args.p95_tokens, block_size=args.block_size) if args.p95_tokens

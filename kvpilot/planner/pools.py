@@ -1,7 +1,7 @@
 """The KV pool split the engine makes: a fallback reserve beside a lossy strategy's pool, or the 16-bit
 and int8 pools of `kv_cache_dtype: auto` switching (engine: strategies/fallback, core/pools.py).
 
-- A lossy strategy (int8/fp8 KV, GQA or MLA conversion, Performer) keeps `fallback_reserve` of the KV pool
+- A lossy strategy (int8/fp8 KV, GQA or MLA conversion, Performer, eviction) keeps `fallback_reserve` of the KV pool
   as exact-path blocks (16-bit K/V of the unconverted layers) for sequences that fail runtime
   validation: the approximate pool is the rest, and the concurrency limit is planned on it.
 - `auto` with `kv_quant_auto_threshold` T: `kv_quant_auto_split` of the pool holds 16-bit blocks, the
@@ -32,12 +32,13 @@ def is_lossy(model: ModelShape, strategy: KVStrategy) -> bool:
     """Whether the engine serves this strategy approximately with an exact path to fall back to."""
     converted_mla = strategy.attention == "mla" and model.mla is None
     merged = strategy.attention == "gqa" and (strategy.kv_head_groups or 0) < model.num_kv_heads
-    return strategy.kv_cache_dtype in EIGHT_BIT_KV_DTYPES or converted_mla or merged or strategy.attention == "linear"
+    return (strategy.kv_cache_dtype in EIGHT_BIT_KV_DTYPES or converted_mla or merged or strategy.attention == "linear"
+            or strategy.eviction != "none")
 
 
 def exact_sequence_bytes(model: ModelShape, strategy: KVStrategy, max_seq_len: int) -> int:
     """One max_seq_len sequence on the exact path: K/V of the unconverted layers in the model's dtype."""
-    exact = KVStrategy(kv_cache_dtype="auto", block_size=strategy.block_size)
+    exact = KVStrategy(kv_cache_dtype="auto", block_size=strategy.block_size)  # unevicted, too
     return kv_footprint(model, exact).sequence_bytes(max_seq_len, strategy.block_size)
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from kvpilot.planner.dtypes import KV_CACHE_DTYPES, kv_dtype_bytes
 from kvpilot.planner.errors import PlannerError
+from kvpilot.planner.eviction import resident_blocks
 from kvpilot.planner.model_shape import ModelShape
 from kvpilot.strategy_schema import ATTENTIONS as ATTENTIONS
 from kvpilot.strategy_schema import KV_SCALE_BYTES, default, kv_dtype
@@ -45,6 +46,11 @@ class KVStrategy:
     # GQA conversion with a reserve also keeps every layer's original o_proj (planner/pools.py)
     calibrated: bool = False
     mla_rope_dims: int | None = None  # mla conversion: dims per KV head that keep RoPE (None: every dim)
+    # KV eviction (planner/eviction.py): a sequence keeps its sinks and recent window (and a ladder) resident
+    eviction: str = default("eviction")
+    eviction_sinks: int = default("eviction_sinks")
+    eviction_window: int = default("eviction_window")
+    eviction_ladder_span: int | None = default("eviction_ladder_span")
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTIONS:
@@ -71,6 +77,13 @@ class KVStrategy:
             )
         if not 0.0 < self.kv_quant_auto_split < 1.0:
             raise PlannerError(f"kv_quant_auto_split must be in (0, 1), got {self.kv_quant_auto_split}")
+        resident_blocks(self.eviction, self.eviction_sinks, self.eviction_window, self.eviction_ladder_span, 1,
+                        self.block_size)  # the mode and token counts checked
+
+    def resident_blocks(self, tokens: int) -> int:
+        """Paged blocks one sequence of up to `tokens` tokens holds at once (all of them without eviction)."""
+        return resident_blocks(self.eviction, self.eviction_sinks, self.eviction_window, self.eviction_ladder_span,
+                               tokens, self.block_size)
 
     @property
     def label(self) -> str:

@@ -88,14 +88,15 @@ _SIZING = {"max_model_len": 256, "max_num_seqs": 8, "max_num_batched_tokens": 25
     "knobs",
     [{}, {"kv_cache_dtype": "int8"}, {"kv_cache_dtype": "fp8"}, {"attention": "gqa", "kv_head_groups": 2},
      {"attention": "mla", "latent_rank": 32}, {"kv_cache_dtype": "auto", "kv_quant_auto_threshold": 4},
-     {"attention": "linear"}],
+     {"attention": "linear"}, {"eviction": "sinks", "eviction_window": 64},
+     {"attention": "linear", "eviction": "sinks", "eviction_sinks": 0, "eviction_window": 64}],
     ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()) or "defaults",
 )  # fmt: skip
 def test_the_engine_fills_the_planned_pool(bf16_llama: Path, knobs: dict) -> None:
     """`kvpilot serve` sets num_kv_blocks = plan.engine_blocks: the pool the engine allocates, the fallback
     reserve and the recurrent state included, is the plan's pool (before, the reserve was left out of it and a
     converted or 8-bit pool used ~90% of its memory)."""
-    probe = make_engine(bf16_llama, num_kv_blocks=4, **_SIZING, **knobs)
+    probe = make_engine(bf16_llama, num_kv_blocks=64, **_SIZING, **knobs)
     plan = plan_for(probe.config, "cpu", 64 * 2**20, 0.9)
     engine = make_engine(bf16_llama, num_kv_blocks=plan.engine_blocks, **_SIZING, **knobs)
     assert 0.99 * plan.kv_pool_bytes < _pool_bytes(engine) <= plan.kv_pool_bytes

@@ -103,7 +103,8 @@ def test_partial_rope_mla_passes_dims_pairs_and_plans_the_wider_row() -> None:
     ({"attention": "native"}, DEEPSEEK_V3_FP8, ["quantization_config", "'fp8'", "unquantised checkpoint"]),
     ({"attention": "linear", "kvCacheDtype": "int8"}, LLAMA3_8B, ["16-bit KV cache", "kvCacheDtype int8", "bf16"]),
     ({"attention": "linear", "kvCacheDtype": "auto", "kvQuantAutoThreshold": 8}, LLAMA3_8B, ["kvQuantAutoThreshold"]),
-    ({"attention": "linear", "eviction": "sinks"}, LLAMA3_8B, ["eviction sinks", "0 sink tokens", "eviction none"]),
+    ({"attention": "linear", "eviction": "sinks"}, LLAMA3_8B, ["evictionSinks 0", "evictionWindow >= linearWindow - 1",
+                                                               "got eviction sinks, evictionSinks 4", "eviction none"]),
 ])
 def test_preflight_refuses_what_the_engine_would_refuse(strategy: dict, config: dict, words: list[str]) -> None:
     spec = ServiceSpec.from_dict(service(config=config, strategy=strategy)["spec"])
@@ -212,6 +213,10 @@ def test_the_probe_set_is_refused_as_calibration_text(where: str) -> None:
     {"attention": "linear"}, {"attention": "linear", "kvCacheDtype": "bf16"}, {"attention": "linear", "kvCacheDtype": "int8"},
     {"attention": "linear", "kvCacheDtype": "fp8"}, {"attention": "linear", "kvCacheDtype": "auto", "kvQuantAutoThreshold": 8},
     {"attention": "linear", "eviction": "sinks"}, {"attention": "linear", "eviction": "ladder"},
+    {"attention": "linear", "eviction": "sinks", "evictionSinks": 0, "evictionWindow": 64},
+    {"attention": "linear", "eviction": "sinks", "evictionSinks": 0, "evictionWindow": 48},
+    {"attention": "linear", "eviction": "sinks", "evictionSinks": 0, "evictionWindow": 62, "blockSize": 8},
+    {"attention": "native", "eviction": "ladder", "evictionSinks": 0, "evictionWindow": 256, "evictionLadderSpan": 128},
     {"attention": "native", "eviction": "sinks", "kvCacheDtype": "int8"}, {"attention": "mla", "latentRank": 512, "kvCacheDtype": "fp8"},
 ])  # fmt: skip
 def test_preflight_refuses_exactly_what_the_engine_refuses_at_start(strategy: dict, tmp_path) -> None:

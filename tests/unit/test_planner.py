@@ -229,3 +229,37 @@ def test_table_lists_the_account_and_limits() -> None:
     for needle in ("weights", "CUDA context", "activation peak", "KV pool (80% watermark)",
                    "512 KiB", "max concurrency", f"  {plan.max_concurrency}\n", "feasible"):
         assert needle in text
+
+
+def test_eviction_plans_the_blocks_a_sequence_keeps_resident() -> None:
+    """Sinks + window (+ a ladder) stay resident, plus the block being filled; room for one prefill chunk."""
+    model, gpu = shape(LLAMA3_8B), gpu_spec("NVIDIA-H200")
+    full = plan_capacity(model, KVStrategy(), gpu, max_seq_len=32768)
+    sinks = plan_capacity(model, KVStrategy(eviction="sinks", eviction_sinks=4, eviction_window=1024), gpu,
+                          max_seq_len=32768)
+    assert sinks.blocks_per_request == 1 + 64 + 1  # ceil(4/16) sink blocks, 64 window blocks, the partial one
+    assert sinks.per_request_peak_bytes == 66 * 16 * 128 * KIB
+    chunk = 8192 * 128 * KIB  # the default prefill budget lands before its eviction
+    serving = sinks.kv_pool_bytes - sinks.reserve_bytes  # eviction is lossy: a fallback reserve holds full ones
+    assert sinks.reserve_bytes and sinks.reserve_sequences == sinks.reserve_bytes // full.per_request_peak_bytes
+    assert sinks.max_concurrency == (serving - chunk) // sinks.per_request_peak_bytes > 20 * full.max_concurrency
+    ladder = plan_capacity(model, KVStrategy(eviction="ladder", eviction_window=1024), gpu, max_seq_len=32768)
+    assert ladder.blocks_per_request == 1 + 64 + 64 + 11 + 1 + 1  # + the span and a rounding per level (log2 2048)
+    short = plan_capacity(model, KVStrategy(eviction="sinks"), gpu, max_seq_len=512)
+    assert short.blocks_per_request == 32  # never more than the whole sequence
+    with pytest.raises(PlannerError, match="eviction_window >= 1"):
+        KVStrategy(eviction="sinks", eviction_window=0)
+    with pytest.raises(PlannerError, match="choose one of none, sinks, ladder"):
+        KVStrategy(eviction="oldest")
+
+
+def test_the_engine_keeps_no_more_than_the_planner_counts() -> None:
+    from kvpilot.engine.strategies.eviction.policy import EvictionPolicy
+
+    for mode, sinks, window, span in [("sinks", 4, 1024, None), ("ladder", 0, 256, 128), ("ladder", 16, 64, None)]:
+        policy = EvictionPolicy.from_tokens(mode, sinks, window, span, 16)
+        strategy = KVStrategy(eviction=mode, eviction_sinks=sinks, eviction_window=window, eviction_ladder_span=span)
+        for tokens in (16, 1000, 5000, 40000, 40001):
+            held = len(policy.kept(tokens // 16)) + (1 if tokens % 16 else 0)  # full blocks kept + the partial one
+            assert held <= strategy.resident_blocks(tokens), (mode, tokens)
+            assert strategy.resident_blocks(tokens) <= held + 1 + int(mode == "ladder") * 12, (mode, tokens)

@@ -51,8 +51,11 @@ def strategy_flags(strategy: StrategySpec) -> list[str]:
     flags += conversion_flags(strategy)  # calibration text (gqa, mla) and partial RoPE (mla)
     if strategy.attention == "linear":
         flags += [flag("linear_window"), str(strategy.linear_window)]
-    if strategy.eviction != "none":
-        flags += [flag("eviction"), strategy.eviction]
+    if strategy.eviction != "none":  # what stays resident: the planner sized max-num-seqs on it
+        flags += [flag("eviction"), strategy.eviction, flag("eviction_sinks"), str(strategy.eviction_sinks),
+                  flag("eviction_window"), str(strategy.eviction_window)]
+        if strategy.eviction == "ladder" and strategy.eviction_ladder_span is not None:
+            flags += [flag("eviction_ladder_span"), str(strategy.eviction_ladder_span)]
     if strategy.kv_cache_dtype == "auto" and strategy.kv_quant_auto_threshold is not None:
         flags += [flag("kv_quant_auto_threshold"), str(strategy.kv_quant_auto_threshold),
                   flag("kv_quant_auto_split"), str(strategy.kv_quant_auto_split)]

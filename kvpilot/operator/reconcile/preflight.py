@@ -53,11 +53,14 @@ def _check_linear(strategy: StrategySpec) -> None:
             f"attention linear reads its exact window from a 16-bit KV cache, not kvCacheDtype {chosen}; choose "
             "kvCacheDtype bf16, fp16 or auto (without kvQuantAutoThreshold)"
         )
-    if strategy.eviction != "none":
+    kept = -(-strategy.eviction_window // strategy.block_size) * strategy.block_size
+    if strategy.eviction != "none" and (strategy.eviction != "sinks" or strategy.eviction_sinks != 0
+                                        or kept < strategy.linear_window - 1):
         raise StrategyRefused(
-            f"attention linear with eviction {strategy.eviction}: the Performer window is read by position, so the "
-            "engine allows only sinks eviction with 0 sink tokens and a window of at least linearWindow - 1, which "
-            "spec.strategy cannot set (the engine keeps 4 sinks by default); use eviction none"
+            f"attention linear reads its exact window by position, so eviction may only drop the oldest blocks: "
+            f"eviction sinks with evictionSinks 0 and evictionWindow >= linearWindow - 1 "
+            f"({strategy.linear_window - 1}); got eviction {strategy.eviction}, evictionSinks "
+            f"{strategy.eviction_sinks}, evictionWindow {strategy.eviction_window} (or use eviction none)"
         )
 
 

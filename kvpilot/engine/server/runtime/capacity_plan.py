@@ -116,6 +116,8 @@ def plan_for(config: Any, device: str, cpu_budget_bytes: int, watermark: float) 
         kv_quant_auto_split=getattr(config, "kv_quant_auto_split", 0.5),
         calibrated=getattr(config, "conversion_calibration", None) is not None,
         linear_feature_dim=getattr(config, "linear_features", None),
+        eviction=config.eviction, eviction_sinks=config.eviction_sinks, eviction_window=config.eviction_window,
+        eviction_ladder_span=config.eviction_ladder_span,
     )
     compute = DTYPE_BYTES[compute_dtype(config.dtype, model_dtype(config.model), device.split(":")[0])]
     # the engine's parameters and activations are in the compute dtype, whatever the checkpoint stores

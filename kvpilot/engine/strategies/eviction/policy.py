@@ -7,7 +7,6 @@ keep their RoPE positions and the kernels see a shorter context. Policies (`none
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from dataclasses import dataclass
 from kvpilot.engine.config.strategy import EVICTION_MODES, check_eviction_tokens
 from kvpilot.engine.core.block_manager import BlockManager
 from kvpilot.engine.core.sequence import Sequence
+from kvpilot.planner.eviction import max_resident_blocks
 
 
 @dataclass(frozen=True)
@@ -65,12 +65,8 @@ class EvictionPolicy:
 
     def max_resident_blocks(self, max_len_tokens: int, block_size: int) -> int:
         """An upper bound on the full blocks one sequence keeps, at any length up to max_len_tokens."""
-        if self.mode == "none":
-            return -(-max_len_tokens // block_size)
-        bound = self.sink_blocks + self.window_blocks
-        if self.mode == "ladder":  # span/2 + span/4 + ... plus one rounding per level up to log2
-            bound += self.span_blocks + int(math.log2(max(2, max_len_tokens // block_size))) + 1
-        return bound
+        return max_resident_blocks(self.mode, self.sink_blocks, self.window_blocks, self.span_blocks, max_len_tokens,
+                                   block_size)  # the capacity planner's bound, one formula
 
 
 class Evictor:
