@@ -91,8 +91,8 @@ def plan_capacity(
         raise PlannerError(f"watermark must be in (0, 1], got {watermark}")
     footprint = _shard(kv_footprint(model, strategy), model, strategy, gpus)
     total = gpus * gpu.memory_bytes
-    weights = weights_bytes(model) + extra_weight_bytes(model, strategy) if weights_bytes_override is None \
-        else weights_bytes_override
+    checkpoint = weights_bytes(model) if weights_bytes_override is None else weights_bytes_override
+    weights = checkpoint + extra_weight_bytes(model, strategy)  # a conversion's factors and kept originals
     activation = gpus * (
         activation_peak_bytes(model, max_num_batched_tokens, max_num_seqs)
         if activation_peak_bytes_override is None else activation_peak_bytes_override

@@ -32,8 +32,14 @@ def bf16_llama(tmp_path_factory) -> Path:
 
 
 def _allocated(engine) -> tuple[int, int]:
-    params = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())
-    return engine.runner.bytes_per_block, params
+    """Bytes per KV block and of the model's tensors: parameters and buffers (a conversion keeps its factors and
+    the original K/V projections as buffers)."""
+    model = engine.runner.model
+    tensors = [*model.parameters(), *model.buffers()]
+    return engine.runner.bytes_per_block, sum(t.numel() * t.element_size() for t in tensors)
+
+
+ROTARY_SLACK = 1024  # the rotary inv_freq buffers: in no checkpoint, a few hundred bytes
 
 
 @pytest.mark.parametrize(
@@ -48,16 +54,14 @@ def test_the_plan_counts_what_the_engine_allocates(bf16_llama: Path, knobs: dict
     plan = plan_for(engine.config, "cpu", 2**30, 0.9)
     blocks, weights = _allocated(engine)
     assert plan.block_bytes == blocks
-    if knobs.get("attention") == "gqa":  # the checkpoint's K/V projections are counted, not the merged ones
-        assert weights < plan.weights_bytes < 1.1 * weights
-    else:
-        assert plan.weights_bytes == weights
+    assert 0 <= weights - plan.weights_bytes < ROTARY_SLACK  # a GQA/MLA conversion's extra tensors included
 
 
 def test_a_native_mla_checkpoint_plans_its_latent_rows(tmp_path: Path) -> None:
     engine = make_engine(build_deepseek_checkpoint(tmp_path, version=2, seed=0))
     plan = plan_for(engine.config, "cpu", 2**30, 0.9)
-    assert (plan.block_bytes, plan.weights_bytes) == _allocated(engine)
+    blocks, weights = _allocated(engine)
+    assert plan.block_bytes == blocks and 0 <= weights - plan.weights_bytes < ROTARY_SLACK
 
 
 def test_weights_load_in_the_compute_dtype(bf16_llama: Path) -> None:
