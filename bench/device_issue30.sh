@@ -22,7 +22,7 @@
 # Everything is logged to $OUT/issue30.log; each step's JSON record also to $OUT/records.jsonl.
 set -u
 start=$SECONDS
-if [[ ${1:-speed} != int8 && ${1:-speed} != fresh && ${1:-speed} != sweep && ${1:-speed} != fused && ${1:-speed} != verify && ${1:-speed} != gemv && ${1:-speed} != final ]]; then  # int8 and fresh run no server: no wheels to carry
+if [[ ${1:-speed} != int8 && ${1:-speed} != fresh && ${1:-speed} != sweep && ${1:-speed} != fused && ${1:-speed} != verify && ${1:-speed} != gemv && ${1:-speed} != gemv_quick && ${1:-speed} != final ]]; then  # int8 and fresh run no server: no wheels to carry
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
 fi
@@ -71,6 +71,17 @@ gemv)  # sessions 16-17 (prepared without a device): the fused GEMV + add + RMSN
   step decode_b4_fused 40 python3 bench/profile_decode_kernels.py --batch 4 --context 512 --max-num-seqs 8 --top 8 \
     --fused-gemv-rows 4
   step gemv_norm_sweep 120 python3 bench/gemv_norm_sweep.py --json "$out/gemv_norm_sweep.json"
+  ;;
+gemv_quick)  # the gemv stage cut to its verdict when little device time is left: the fused kernel's tests on
+  # CUDA, batch 1 unfused (the baseline) against fused and o_proj only, the folded reduce
+  export STEP_FILES=1 TRITON_CACHE_DIR=/tmp/triton-cache
+  step kernel_tests 60 python3 -m pytest -p no:cacheprovider -q -o addopts="" -rf tests/kernels/test_gemv_norm.py
+  step decode_b1 40 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 --top 16
+  step decode_b1_fused 40 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 --top 16 \
+    --fused-gemv-rows 1
+  step decode_b1_fused_o 40 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 --top 16 \
+    --fused-gemv-rows 1 --fused-gemv-projections o_proj
+  step decode_fold 45 python3 bench/bench_decode_attention.py --fold --json "$out/decode_fold.json"
   ;;
 final)  # session 17, second call: the defaults after the gemv stage chose them; every figure against its bound
   export STEP_FILES=1 TRITON_CACHE_DIR=/tmp/triton-cache
