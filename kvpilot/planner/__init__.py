@@ -42,6 +42,7 @@ from kvpilot.planner.capacity import (
     CapacityPlan,
     InfeasiblePlanError,
     max_seq_len_from_p95,
+    plan_admitting,
     plan_capacity,
 )
 from kvpilot.planner.errors import PlannerError
@@ -69,6 +70,7 @@ __all__ = [
     "kv_footprint",
     "max_seq_len_from_p95",
     "parameter_count",
+    "plan_admitting",
     "plan_capacity",
     "weights_bytes",
 ]

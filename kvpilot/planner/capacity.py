@@ -60,6 +60,7 @@ class CapacityPlan:
     # sequences: the engine's num_kv_blocks (it carves the reserve out of them and allocates a state slot per
     # sequence it may run), which `kvpilot serve` sets from the plan
     engine_blocks: int = 0
+    max_num_seqs: int = 0  # the sequences whose logits and recurrent state the plan counts
 
     def require(self) -> CapacityPlan:
         """This plan, or InfeasiblePlanError when it does not fit."""
@@ -130,9 +131,20 @@ def plan_capacity(
         max_concurrency=concurrency, feasible=concurrency >= 1, reason="",
         reserve_bytes=split.reserve_bytes, reserve_sequences=split.reserve_sequences,
         pool16_sequences=split.pool16_sequences, pool8_sequences=split.pool8_sequences,
-        engine_blocks=engine_blocks,
+        engine_blocks=engine_blocks, max_num_seqs=max_num_seqs,
     )
     return _with_reason(plan, footprint, strategy)
+
+
+def plan_admitting(model: ModelShape, strategy: KVStrategy, gpu: GpuSpec, **kwargs) -> CapacityPlan:
+    """The plan for an engine whose max_num_seqs is the concurrency the plan admits (the operator's
+    `--max-num-seqs`): planned with max_num_seqs sequences' logits and state, then, when it admits more, again
+    with that many. One re-plan suffices: more sequences only add activation and state, so the second plan
+    admits no more than the sequences it counted (max_concurrency <= max_num_seqs)."""
+    plan = plan_capacity(model, strategy, gpu, **kwargs)
+    if plan.max_concurrency <= plan.max_num_seqs:
+        return plan
+    return plan_capacity(model, strategy, gpu, **{**kwargs, "max_num_seqs": plan.max_concurrency})
 
 
 def max_seq_len_from_p95(p95_request_tokens: int, headroom: float = 0.2, block_size: int = 16) -> int:

@@ -263,3 +263,20 @@ def test_the_engine_keeps_no_more_than_the_planner_counts() -> None:
             held = len(policy.kept(tokens // 16)) + (1 if tokens % 16 else 0)  # full blocks kept + the partial one
             assert held <= strategy.resident_blocks(tokens), (mode, tokens)
             assert strategy.resident_blocks(tokens) <= held + 1 + int(mode == "ladder") * 12, (mode, tokens)
+
+
+def test_the_operators_plan_counts_the_logits_of_every_sequence_it_admits() -> None:
+    """The operator runs the engine with --max-num-seqs = the plan's concurrency, so the plan it uses counts that
+    many sequences' logits (fp32 over the vocabulary, up to the prefill budget), not the default 256."""
+    from kvpilot.planner import plan_admitting
+
+    model, gpu = shape(LLAMA3_8B), gpu_spec("NVIDIA-H200")
+    strategy = KVStrategy(eviction="sinks", eviction_window=256)
+    first = plan_capacity(model, strategy, gpu, max_seq_len=32768)
+    assert first.max_num_seqs == 256 and first.max_concurrency > 2000  # the logits of 256, the pool of thousands
+    plan = plan_admitting(model, strategy, gpu, max_seq_len=32768)
+    assert plan.max_num_seqs == first.max_concurrency >= plan.max_concurrency
+    extra_logits = (min(plan.max_num_seqs, 8192) - 256) * 128256 * 4  # min(seqs, prefill budget) fp32 rows
+    assert plan.activation_peak_bytes - first.activation_peak_bytes == extra_logits
+    native = plan_admitting(model, KVStrategy(), gpu, max_seq_len=8192)
+    assert native == plan_capacity(model, KVStrategy(), gpu, max_seq_len=8192)  # admits < 256: one plan

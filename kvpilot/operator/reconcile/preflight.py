@@ -7,7 +7,7 @@ from typing import Any
 
 from kvpilot.operator.pod_overrides import conflicts
 from kvpilot.operator.spec import ServiceSpec, StrategySpec
-from kvpilot.planner import CapacityPlan, ModelShape, PlannerError, gpu_spec, plan_capacity
+from kvpilot.planner import CapacityPlan, ModelShape, PlannerError, gpu_spec, plan_admitting
 from kvpilot.strategy_schema import CALIBRATED_ROPE_PAIRS, EIGHT_BIT_KV_DTYPES, MLA_ROPE_PAIRS
 
 
@@ -83,7 +83,7 @@ def preflight(spec: ServiceSpec, model_config: Mapping[str, Any]) -> CapacityPla
     problems = conflicts(spec.pod)  # spec.pod against the operator's own labels, volumes and mounts
     if problems:
         raise StrategyRefused("; ".join(problems))
-    return plan_capacity(
+    return plan_admitting(  # the engine's --max-num-seqs is the plan's concurrency: its logits are counted
         ModelShape.from_hf_config(model_config),
         spec.strategy.planner_strategy(),
         gpu_spec(spec.gpu_product),
