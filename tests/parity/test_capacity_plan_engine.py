@@ -93,6 +93,7 @@ _SIZING = {"max_model_len": 256, "max_num_seqs": 8, "max_num_batched_tokens": 25
     [{}, {"kv_cache_dtype": "int8"}, {"kv_cache_dtype": "fp8"}, {"attention": "gqa", "kv_head_groups": 2},
      {"attention": "mla", "latent_rank": 32}, {"kv_cache_dtype": "auto", "kv_quant_auto_threshold": 4},
      {"attention": "linear"}, {"eviction": "sinks", "eviction_window": 64},
+     {"kv_cache_dtype": "int8", "eviction": "ladder", "eviction_window": 64},
      {"attention": "linear", "eviction": "sinks", "eviction_sinks": 0, "eviction_window": 64}],
     ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()) or "defaults",
 )  # fmt: skip
