@@ -29,7 +29,9 @@ Strategies (`KVStrategy.attention`): `native` (the model's own: MHA/GQA K/V head
 latent kv_lora_rank + qk_rope_head_dim, MiniMax's linear layers as fixed state); `gqa` with
 `kv_head_groups` = KV heads after merging; `mla` with `latent_rank` = width of the one cached
 latent per token and layer; `linear` (the Performer conversion) = every token's K/V as
-`native` + a fixed fp32 summary per layer (the window changes compute, not memory). `kv_cache_dtype`: auto (the model's dtype) | bf16 | fp16 | int8 | fp8
+`native` + a fixed fp32 summary per layer (the window changes compute, not memory). `eviction`
+sinks | ladder (with `eviction_sinks`, `eviction_window`, `eviction_ladder_span` tokens): a request costs
+the blocks it keeps resident (planner/eviction.py). `kv_cache_dtype`: auto (the model's dtype) | bf16 | fp16 | int8 | fp8
 (kvpilot/strategy_schema.py holds the names, bytes and defaults the engine and operator share);
 int8 adds one `scale_bytes` (fp32) scale per token, layer and cached K or V head vector (fp8's scales are per
 layer and head: no bytes per token).
