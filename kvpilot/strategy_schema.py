@@ -142,6 +142,15 @@ CRD_KEYS = {f.crd: f.name for f in STRATEGY_FIELDS}  # spec.strategy key -> fiel
 CALIBRATION = {f.name: f for f in CALIBRATION_FIELDS}
 
 
+def linear_window_stays_resident(eviction: str, sinks: int, window: int, block_size: int, linear_window: int) -> bool:
+    """Whether eviction keeps the Performer conversion's exact window (read by position in the sequence's view):
+    no eviction, or sinks eviction of the oldest blocks only (no sink tokens) keeping >= linear_window - 1 tokens."""
+    if eviction == "none":
+        return True
+    kept = -(-window // block_size) * block_size
+    return eviction == "sinks" and sinks == 0 and kept >= linear_window - 1
+
+
 def default(name: str) -> Any:
     """The default of spec.strategy's field `name` (snake_case)."""
     return FIELDS[name].default

@@ -20,7 +20,12 @@ from typing import Protocol
 from kvpilot.engine.config.model import ModelConfig
 from kvpilot.strategy_schema import ATTENTIONS as ATTENTIONS
 from kvpilot.strategy_schema import AUTO_QUANT_DTYPE as AUTO_QUANT_DTYPE
-from kvpilot.strategy_schema import CALIBRATED_ROPE_PAIRS, canonical_kv_dtype, short_dtype
+from kvpilot.strategy_schema import (
+    CALIBRATED_ROPE_PAIRS,
+    canonical_kv_dtype,
+    linear_window_stays_resident,
+    short_dtype,
+)
 from kvpilot.strategy_schema import EIGHT_BIT_KV_DTYPES as QUANTISED
 from kvpilot.strategy_schema import ENGINE_KV_CACHE_DTYPES as KV_CACHE_DTYPES
 from kvpilot.strategy_schema import EVICTION_MODES as EVICTION_MODES
@@ -214,10 +219,8 @@ def check_eviction_fits(config: EngineConfig) -> None:
     """The Performer window reads the newest tokens by position in the sequence's view, so eviction
     may only drop the oldest blocks (sinks, no sink tokens) and must keep at least the window."""
     mode = config.eviction
-    if mode == "none":
-        return
-    kept = -(-config.eviction_window // config.block_size) * config.block_size
-    if mode != "sinks" or config.eviction_sinks != 0 or kept < config.linear_window - 1:
+    if not linear_window_stays_resident(mode, config.eviction_sinks, config.eviction_window, config.block_size,
+                                        config.linear_window):
         raise ValueError(
             f"attention='linear' with eviction needs eviction='sinks', eviction_sinks=0 and eviction_window >= "
             f"linear_window - 1 ({config.linear_window - 1}) so the exact window stays resident; got eviction="

@@ -8,7 +8,12 @@ from typing import Any
 from kvpilot.operator.pod_overrides import conflicts
 from kvpilot.operator.spec import ServiceSpec, StrategySpec
 from kvpilot.planner import CapacityPlan, ModelShape, PlannerError, gpu_spec, plan_admitting
-from kvpilot.strategy_schema import CALIBRATED_ROPE_PAIRS, EIGHT_BIT_KV_DTYPES, MLA_ROPE_PAIRS
+from kvpilot.strategy_schema import (
+    CALIBRATED_ROPE_PAIRS,
+    EIGHT_BIT_KV_DTYPES,
+    MLA_ROPE_PAIRS,
+    linear_window_stays_resident,
+)
 
 
 class StrategyRefused(PlannerError):
@@ -53,9 +58,8 @@ def _check_linear(strategy: StrategySpec) -> None:
             f"attention linear reads its exact window from a 16-bit KV cache, not kvCacheDtype {chosen}; choose "
             "kvCacheDtype bf16, fp16 or auto (without kvQuantAutoThreshold)"
         )
-    kept = -(-strategy.eviction_window // strategy.block_size) * strategy.block_size
-    if strategy.eviction != "none" and (strategy.eviction != "sinks" or strategy.eviction_sinks != 0
-                                        or kept < strategy.linear_window - 1):
+    if not linear_window_stays_resident(strategy.eviction, strategy.eviction_sinks, strategy.eviction_window,
+                                        strategy.block_size, strategy.linear_window):
         raise StrategyRefused(
             f"attention linear reads its exact window by position, so eviction may only drop the oldest blocks: "
             f"eviction sinks with evictionSinks 0 and evictionWindow >= linearWindow - 1 "
