@@ -84,15 +84,21 @@ gemv_quick)  # the gemv stage cut to its verdict when little device time is left
   step decode_fold 45 python3 bench/bench_decode_attention.py --fold --json "$out/decode_fold.json"
   ;;
 final)  # session 17, second call: the defaults after the gemv stage chose them; every figure against its bound
-  export STEP_FILES=1 TRITON_CACHE_DIR=/tmp/triton-cache
+  export TRITON_CACHE_DIR=/tmp/triton-cache  # no step files: at most 8 files come back (the log keeps each step's tail)
+  # (session 18: the default fused_gemv_rows 1 with gemv_config from the gemv stage's sweep; the unfused
+  # batch-1 step and the sweep at M = 1 in the same call decide whether it stays)
   step bounds 30 python3 bench/speed_bounds.py
+  step kernel_tests 60 python3 -m pytest -p no:cacheprovider -q -o addopts="" -rf tests/kernels/test_gemv_norm.py
+  step decode_b1 45 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 --top 12
+  step decode_b1_unfused 45 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 \
+    --top 12 --fused-gemv-rows 0
   step gpu_tests 170 python3 -m pytest -p no:cacheprovider -m gpu -q -o addopts="" -rf \
     tests/gpu/test_engine_gpu.py tests/gpu/test_cuda_graphs_gpu.py tests/gpu/test_kv_quant_graphs_gpu.py \
     tests/gpu/test_async_scheduling_gpu.py tests/gpu/test_ticket_kernels_gpu.py
   step offline 110 python3 -m kvpilot.cli bench offline --shape llama-3-8b --no-progress
   step offline_int8 100 python3 -m kvpilot.cli bench offline --shape llama-3-8b --kv-cache-dtype int8 --no-progress
-  step decode_b1 45 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 --top 12
   step decode_b256 50 python3 bench/profile_decode_kernels.py --batch 256 --context 700 --top 12
+  step gemv_norm_sweep 60 python3 bench/gemv_norm_sweep.py --m 1 --json "$out/gemv_norm_sweep.json"
   ;;
 strategies)  # session 15, third call: the GPU tests of the strategies over the changed Llama layers
   export STEP_FILES=1 TRITON_CACHE_DIR=/tmp/triton-cache

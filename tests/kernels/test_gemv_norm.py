@@ -11,6 +11,7 @@ from kvpilot.engine.kernels.gemv_norm.launcher import (
     MAX_ROWS,
     GemvConfig,
     counters,
+    gemv_config,
     linear_add_rmsnorm_triton,
 )
 from kvpilot.engine.kernels.gemv_norm.reference import linear_add_rmsnorm_reference
@@ -23,6 +24,8 @@ CASES = [  # (rows, n, k, config): K splits that do not divide K, ragged row blo
     (3, 64, 128, None),
     (1, 200, 64, GemvConfig(block_n=16, block_k=32, split_k=1)),
     (2, 48, 1000, GemvConfig(block_n=32, block_k=128, split_k=5)),
+    (1, 40, 2500, None),  # the default launch's two K splits, the last one ragged
+    (1, 48, 8200, None),  # and its 32-row blocks over long rows
 ]
 
 
@@ -47,6 +50,14 @@ def test_fused_gemv_matches_the_composition(case: int, silu: bool, dtype: torch.
         assert relative_error(got_sum, want_sum) < REL_TOL[dtype]
         assert relative_error(got, want) < 2 * REL_TOL[dtype]  # the norm adds its own rounding
     assert int(counters(x.device, 1).abs().sum()) == 0, "every row's counter is back at 0"
+
+
+def test_the_default_launch_follows_the_measured_rule() -> None:
+    """gemv_config: the sweep's best at Llama-3-8B's o_proj and down_proj (docs/benchmarks.md, session 18)."""
+    cpu = torch.device("cpu")
+    assert gemv_config(4096, 4096, cpu) == GemvConfig(block_n=16, block_k=512, split_k=2)
+    assert gemv_config(4096, 14336, cpu) == GemvConfig(block_n=32, block_k=512, split_k=2)
+    assert gemv_config(64, 128, cpu) == GemvConfig(block_n=16, block_k=128, split_k=1)
 
 
 def test_the_epilogue_sees_every_split() -> None:
