@@ -16,13 +16,14 @@
 #   (stages fused and strategies: session 15's first measurement and its strategies' GPU tests)
 #   run(command="BUDGET=570 bash bench/device_issue30.sh final")      # session 17: defaults, GPU tests, offline
 #                                                                     # bf16 + int8, batch 1 and 256, bounds
+#   run(command="BUDGET=150 bash bench/device_issue30.sh b1_repeat") # session 18: batch 1 fused / unfused, twice
 #   run(command="BUDGET=560 bash bench/device_issue30.sh gemv")       # the fused GEMV + add + RMSNorm: its kernel and
 #                                                                     # GPU tests, the sweep against cuBLAS + norm,
 #                                                                     # batch 1 and 4 with --fused-gemv-rows
 # Everything is logged to $OUT/issue30.log; each step's JSON record also to $OUT/records.jsonl.
 set -u
 start=$SECONDS
-if [[ ${1:-speed} != int8 && ${1:-speed} != fresh && ${1:-speed} != sweep && ${1:-speed} != fused && ${1:-speed} != verify && ${1:-speed} != gemv && ${1:-speed} != gemv_quick && ${1:-speed} != final ]]; then  # int8 and fresh run no server: no wheels to carry
+if [[ ${1:-speed} != int8 && ${1:-speed} != fresh && ${1:-speed} != sweep && ${1:-speed} != fused && ${1:-speed} != verify && ${1:-speed} != gemv && ${1:-speed} != gemv_quick && ${1:-speed} != final && ${1:-speed} != b1_repeat ]]; then  # int8 and fresh run no server: no wheels to carry
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
 fi
@@ -99,6 +100,15 @@ final)  # session 17, second call: the defaults after the gemv stage chose them;
   step offline_int8 100 python3 -m kvpilot.cli bench offline --shape llama-3-8b --kv-cache-dtype int8 --no-progress
   step decode_b256 50 python3 bench/profile_decode_kernels.py --batch 256 --context 700 --top 12
   step gemv_norm_sweep 60 python3 bench/gemv_norm_sweep.py --m 1 --json "$out/gemv_norm_sweep.json"
+  ;;
+b1_repeat)  # session 18: batch 1 fused (the default) against unfused, alternated, 200 steps each
+  export TRITON_CACHE_DIR=/tmp/triton-cache
+  for run in 1 2; do
+    step "decode_b1_$run" 45 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 \
+      --top 4 --steps 200
+    step "decode_b1_unfused_$run" 45 python3 bench/profile_decode_kernels.py --batch 1 --context 512 \
+      --max-num-seqs 8 --top 4 --steps 200 --fused-gemv-rows 0
+  done
   ;;
 strategies)  # session 15, third call: the GPU tests of the strategies over the changed Llama layers
   export STEP_FILES=1 TRITON_CACHE_DIR=/tmp/triton-cache

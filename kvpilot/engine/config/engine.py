@@ -140,9 +140,10 @@ class EngineConfig:
         choices=LOAD_FORMATS,
     )  # fmt: skip
     fused_gemv_rows: int = knob(
-        0, "steps of at most this many tokens run each Llama-family layer's o_proj and down_proj as one Triton "
+        1, "steps of at most this many tokens run each Llama-family layer's o_proj and down_proj as one Triton "
         "GEMV with the residual add, the next RMSNorm and SiLU fused in (kernels/gemv_norm; one GPU); "
-        "0: cuBLAS and separate kernels; at most 64",
+        "0: cuBLAS and separate kernels; at most 64. Default 1: at batch 1 it beats cuBLAS + the norm "
+        "(docs/benchmarks.md, session 18); at 2-4 rows each row re-reads the weight and it loses",
     )  # fmt: skip
     fused_gemv_projections: str = knob(
         "o_proj,down_proj", "which projections fused_gemv_rows fuses (each with the add + RMSNorm after it)",
