@@ -23,7 +23,7 @@
 # Everything is logged to $OUT/issue30.log; each step's JSON record also to $OUT/records.jsonl.
 set -u
 start=$SECONDS
-if [[ ${1:-speed} != int8 && ${1:-speed} != fresh && ${1:-speed} != sweep && ${1:-speed} != fused && ${1:-speed} != verify && ${1:-speed} != gemv && ${1:-speed} != gemv_quick && ${1:-speed} != final && ${1:-speed} != b1_repeat ]]; then  # int8 and fresh run no server: no wheels to carry
+if [[ ${1:-speed} != int8 && ${1:-speed} != fresh && ${1:-speed} != sweep && ${1:-speed} != fused && ${1:-speed} != verify && ${1:-speed} != gemv && ${1:-speed} != gemv_quick && ${1:-speed} != final && ${1:-speed} != b1_repeat && ${1:-speed} != auto ]]; then  # int8 and fresh run no server: no wheels to carry
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
 fi
@@ -100,6 +100,10 @@ final)  # session 17, second call: the defaults after the gemv stage chose them;
   step offline_int8 100 python3 -m kvpilot.cli bench offline --shape llama-3-8b --kv-cache-dtype int8 --no-progress
   step decode_b256 50 python3 bench/profile_decode_kernels.py --batch 256 --context 700 --top 12
   step gemv_norm_sweep 60 python3 bench/gemv_norm_sweep.py --m 1 --json "$out/gemv_norm_sweep.json"
+  ;;
+auto)  # session 18: the final stage on an H200 (the issue's card), else batch 1 fused / unfused repeated
+  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then exec bash "$0" final; fi
+  exec bash "$0" b1_repeat
   ;;
 b1_repeat)  # session 18: batch 1 fused (the default) against unfused, alternated, 200 steps each
   export TRITON_CACHE_DIR=/tmp/triton-cache
