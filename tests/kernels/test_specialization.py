@@ -45,13 +45,16 @@ def test_engine_compiles_nothing_after_its_first_workload(tmp_path, monkeypatch)
     other slice offsets, token counts and a sequence decoding alone) compiles none."""
     monkeypatch.setenv("KVPILOT_KERNELS", "triton")
     path = build_hf_checkpoint(tmp_path / "llama", "llama", seed=1)
+    # fused_gemv_rows 4: the first round's decode steps (3 rows) compile the fused GEMV too, and the second
+    # round's (4 rows, then 1 alone) must not recompile it by row count (with the default 1, the first
+    # round would never launch it: it first compiles when a sequence decodes alone)
     eng = make_engine(path, device="cpu", dtype="float32", max_num_seqs=4, max_num_batched_tokens=64,
-                      enable_prefix_caching=False, validation_sample_rate=0.0)  # fmt: skip
+                      enable_prefix_caching=False, validation_sample_rate=0.0, fused_gemv_rows=4)  # fmt: skip
     with recording() as recorder:
         run_round(eng, [[3 + (i * 5 + j) % 200 for j in range(18 + 3 * i)] for i in range(3)], 6, "first")
         first = recorder.take_new()
         run_round(eng, [[7 + (i * 11 + j) % 200 for j in range(9 + 5 * i)] for i in range(4)], 9, "second")
         second = recorder.take_new()
-    assert {name for name, _ in first} >= {"_paged_decode_kernel", "_rotary_kernel"}
+    assert {name for name, _ in first} >= {"_paged_decode_kernel", "_rotary_kernel", "_gemv_norm_kernel"}
     assert "_store_kvcache_kernel" not in {name for name, _ in first}  # the rotary kernel writes the K/V
     assert second == [], f"the second workload compiled new variants: {second}"
