@@ -58,3 +58,23 @@ def test_engine_compiles_nothing_after_its_first_workload(tmp_path, monkeypatch)
     assert {name for name, _ in first} >= {"_paged_decode_kernel", "_rotary_kernel", "_gemv_norm_kernel"}
     assert "_store_kvcache_kernel" not in {name for name, _ in first}  # the rotary kernel writes the K/V
     assert second == [], f"the second workload compiled new variants: {second}"
+
+
+def test_the_server_warm_up_compiles_what_a_lone_request_needs(tmp_path, monkeypatch) -> None:
+    """The server's warm-up runs a sequence decoding alone too: with the default fused_gemv_rows (1) that
+    step has its own kernel (kernels/gemv_norm), which the first lone client would otherwise compile."""
+    from kvpilot.engine.server.runtime.warmup import warm_up
+
+    monkeypatch.setenv("KVPILOT_KERNELS", "triton")
+    path = build_hf_checkpoint(tmp_path / "llama", "llama", seed=2)
+    eng = make_engine(path, device="cpu", dtype="float32", max_num_seqs=4, enable_prefix_caching=False,
+                      validation_sample_rate=0.0)  # fmt: skip
+    assert eng.config.fused_gemv_rows == 1
+    with recording() as recorder:
+        timings = warm_up(eng)
+        warmed = recorder.take_new()
+        run_round(eng, [[5 + j % 100 for j in range(13)]], 5, "alone")
+        later = recorder.take_new()
+    assert set(timings) == {"generate_seconds", "alone_seconds", "score_seconds"}
+    assert "_gemv_norm_kernel" in {name for name, _ in warmed}
+    assert later == [], f"a lone request after the warm-up compiled new variants: {later}"
