@@ -17,6 +17,7 @@
 #   run(command="BUDGET=570 bash bench/device_issue30.sh final")      # session 17: defaults, GPU tests, offline
 #                                                                     # bf16 + int8, batch 1 and 256, bounds
 #   run(command="BUDGET=150 bash bench/device_issue30.sh b1_repeat") # session 18: batch 1 fused / unfused, twice
+#   run(command="BUDGET=450 bash bench/device_issue30.sh auto")      # session 18: final on an H200, else nothing
 #   run(command="BUDGET=560 bash bench/device_issue30.sh gemv")       # the fused GEMV + add + RMSNorm: its kernel and
 #                                                                     # GPU tests, the sweep against cuBLAS + norm,
 #                                                                     # batch 1 and 4 with --fused-gemv-rows
@@ -103,7 +104,8 @@ final)  # session 17, second call: the defaults after the gemv stage chose them;
   ;;
 auto)  # session 18: the final stage on an H200 (the issue's card), else batch 1 fused / unfused repeated
   if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then exec bash "$0" final; fi
-  exec bash "$0" b1_repeat
+  [[ -n ${AUTO_H100:-} ]] && exec bash "$0" "$AUTO_H100"  # e.g. AUTO_H100=b1_repeat; else nothing on another card
+  echo "== not an H200: nothing run (AUTO_H100=STAGE runs a stage there)"
   ;;
 b1_repeat)  # session 18: batch 1 fused (the default) against unfused, alternated, 200 steps each
   export TRITON_CACHE_DIR=/tmp/triton-cache
