@@ -18,13 +18,15 @@
 #                                                                     # bf16 + int8, batch 1 and 256, bounds
 #   run(command="BUDGET=150 bash bench/device_issue30.sh b1_repeat") # session 18: batch 1 fused / unfused, twice
 #   run(command="BUDGET=450 bash bench/device_issue30.sh auto")      # session 18: final on an H200, else nothing
+#   run(command="BUDGET=300 bash bench/device_issue30.sh gemv_epilogue")  # session 18 (prepared): the two-level
+#                                                                     # epilogue: kernel/GPU tests, batch 1, sweep
 #   run(command="BUDGET=560 bash bench/device_issue30.sh gemv")       # the fused GEMV + add + RMSNorm: its kernel and
 #                                                                     # GPU tests, the sweep against cuBLAS + norm,
 #                                                                     # batch 1 and 4 with --fused-gemv-rows
 # Everything is logged to $OUT/issue30.log; each step's JSON record also to $OUT/records.jsonl.
 set -u
 start=$SECONDS
-if [[ ${1:-speed} != int8 && ${1:-speed} != fresh && ${1:-speed} != sweep && ${1:-speed} != fused && ${1:-speed} != verify && ${1:-speed} != gemv && ${1:-speed} != gemv_quick && ${1:-speed} != final && ${1:-speed} != b1_repeat && ${1:-speed} != auto ]]; then  # int8 and fresh run no server: no wheels to carry
+if [[ ${1:-speed} != int8 && ${1:-speed} != fresh && ${1:-speed} != sweep && ${1:-speed} != fused && ${1:-speed} != verify && ${1:-speed} != gemv && ${1:-speed} != gemv_quick && ${1:-speed} != final && ${1:-speed} != b1_repeat && ${1:-speed} != auto && ${1:-speed} != gemv_epilogue ]]; then  # int8 and fresh run no server: no wheels to carry
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
 fi
@@ -101,6 +103,18 @@ final)  # session 17, second call: the defaults after the gemv stage chose them;
   step offline_int8 100 python3 -m kvpilot.cli bench offline --shape llama-3-8b --kv-cache-dtype int8 --no-progress
   step decode_b256 50 python3 bench/profile_decode_kernels.py --batch 256 --context 700 --top 12
   step gemv_norm_sweep 60 python3 bench/gemv_norm_sweep.py --m 1 --json "$out/gemv_norm_sweep.json"
+  ;;
+gemv_epilogue)  # session 18, prepared without a device: the fused GEMV's two-level epilogue (GemvConfig.split_epilogue)
+  export TRITON_CACHE_DIR=/tmp/triton-cache
+  step kernel_tests 60 python3 -m pytest -p no:cacheprovider -q -o addopts="" -rf tests/kernels/test_gemv_norm.py
+  step gpu_tests 60 python3 -m pytest -p no:cacheprovider -m gpu -q -o addopts="" -rf tests/gpu/test_ticket_kernels_gpu.py
+  for run in 1 2; do
+    step "decode_b1_$run" 45 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 \
+      --top 4 --steps 200
+    step "decode_b1_split_$run" 45 python3 bench/profile_decode_kernels.py --batch 1 --context 512 \
+      --max-num-seqs 8 --top 4 --steps 200 --gemv-split-epilogue
+  done
+  step gemv_norm_sweep 90 python3 bench/gemv_norm_sweep.py --m 1 --json "$out/gemv_norm_sweep.json"
   ;;
 auto)  # session 18: the final stage on an H200 (the issue's card), else batch 1 fused / unfused repeated
   if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then exec bash "$0" final; fi

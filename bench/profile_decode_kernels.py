@@ -34,12 +34,18 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=18)
     parser.add_argument("--fold-reduce", action="store_true",
                         help="paged decode folds its split reduction into the split kernel (heuristics.FOLD_REDUCE)")
+    parser.add_argument("--gemv-split-epilogue", action="store_true",
+                        help="the fused GEMV's two-level epilogue (kernels/gemv_norm/launcher.SPLIT_EPILOGUE)")
     add_config_arguments(parser.add_argument_group("engine"))
     args = parser.parse_args()
     if args.fold_reduce:
         from kvpilot.engine.kernels.paged_decode import heuristics
 
         heuristics.FOLD_REDUCE = True
+    if args.gemv_split_epilogue:
+        from kvpilot.engine.kernels.gemv_norm import launcher
+
+        launcher.SPLIT_EPILOGUE = True
     engine = shape_engine(args.shape, args)
     admit_computed(engine, args.batch, args.context, max_tokens=3 * args.steps + 10)
     for _ in range(5):

@@ -38,7 +38,9 @@ def test_every_launch_equals_the_first_and_the_composition(name: str, rows: int)
     n, k, silu = SHAPES[name]
     x, w, res, norm_w = _inputs(rows, n, k, silu)
     want, want_sum = linear_add_rmsnorm_reference(x, w, res, norm_w, 1e-5, silu)
-    for cfg in (None, GemvConfig(block_n=16, block_k=256, split_k=4), GemvConfig(block_n=32, block_k=128, split_k=2)):
+    for cfg in (None, GemvConfig(block_n=16, block_k=256, split_k=4), GemvConfig(block_n=32, block_k=128, split_k=2),
+                GemvConfig(block_n=16, block_k=512, split_k=2, split_epilogue=True),
+                GemvConfig(block_n=32, block_k=512, split_k=1, split_epilogue=True)):  # fmt: skip
         first, first_sum = linear_add_rmsnorm_triton(x, w, res, norm_w, 1e-5, silu, cfg)
         rel = ((first_sum.float() - want_sum.float()).norm() / want_sum.float().norm()).item()
         assert rel < 1e-2, (cfg, rel)  # bf16 y rounded once either way; cuBLAS sums K in another order

@@ -26,6 +26,9 @@ CASES = [  # (rows, n, k, config): K splits that do not divide K, ragged row blo
     (2, 48, 1000, GemvConfig(block_n=32, block_k=128, split_k=5)),
     (1, 40, 2500, None),  # the default launch's two K splits, the last one ragged
     (1, 48, 8200, None),  # and its 32-row blocks over long rows
+    (1, 96, 300, GemvConfig(block_n=16, block_k=64, split_k=3, split_epilogue=True)),  # the two-level epilogue
+    (3, 200, 1000, GemvConfig(block_n=16, block_k=128, split_k=2, split_epilogue=True)),  # ragged, 13 blocks
+    (2, 64, 128, GemvConfig(block_n=32, block_k=64, split_k=1, split_epilogue=True)),
 ]
 
 

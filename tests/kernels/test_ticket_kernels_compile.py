@@ -31,10 +31,13 @@ def ptx(jit_fn, types, constexprs):
 ptrs = {n: "*bf16" for n in ("x_ptr", "w_ptr", "res_ptr", "norm_w_ptr", "out_ptr", "sum_ptr", "q_ptr", "k_cache_ptr",
                              "v_cache_ptr", "o_ptr")}
 ptrs.update({"partial_ptr": "*fp32", "partial_o_ptr": "*fp32", "partial_lse_ptr": "*fp32", "counter_ptr": "*i32",
-             "block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "eps": "fp32", "qk_scale_log2": "fp32"})
+             "block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "eps": "fp32", "qk_scale_log2": "fp32",
+             "block_sq_ptr": "*fp32", "block_counter_ptr": "*i32"})
 out = {
     "gemv_norm": ptx(_gemv_norm_kernel, ptrs, {"SILU_INPUT": True, "SPLIT_K": 2, "BLOCK_N": 16, "BLOCK_K": 256,
-                                               "BLOCK_ROW": 4096}),
+                                               "BLOCK_ROW": 4096, "SPLIT_EPILOGUE": False, "BLOCK_BLOCKS": 1}),
+    "gemv_norm_split": ptx(_gemv_norm_kernel, ptrs, {"SILU_INPUT": False, "SPLIT_K": 2, "BLOCK_N": 16, "BLOCK_K": 512,
+                                                     "BLOCK_ROW": 4096, "SPLIT_EPILOGUE": True, "BLOCK_BLOCKS": 256}),
     "paged_decode_fold": ptx(_paged_decode_kernel, ptrs, {"NUM_HEADS": 32, "GROUP": 4, "GROUP_PAD": 16, "HEAD_DIM": 128,
                              "BLOCK_SIZE": 16, "BLOCK_N": 64, "NUM_SPLITS": 8, "DOT_DTYPE": tl.bfloat16,
                              "DOT_PRECISION": "ieee", "FOLD": True}),
@@ -55,13 +58,15 @@ def test_the_ticket_protocol_compiles_for_hopper() -> None:
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
     result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
+    tickets = {"gemv_norm": 1, "paged_decode_fold": 1, "gemv_norm_split": 2}  # the split epilogue: block, then row
     for name, ptx in json.loads(result.stdout.strip().splitlines()[-1]).items():
         lines = [line.strip() for line in ptx.splitlines()]
         atomics = [i for i, line in enumerate(lines) if "atom." in line]
-        assert len(atomics) == 1, (name, [lines[i] for i in atomics])
-        atom = lines[atomics[0]]
-        assert atom.startswith("@%p") and ".gpu." in atom and ".acq_rel." in atom, (name, atom)  # one thread
-        stores = [i for i, line in enumerate(lines[: atomics[0]]) if "st.global" in line]  # the partials
-        assert stores and any(line.startswith("bar.sync") for line in lines[stores[-1] : atomics[0]]), (
-            f"{name}: no CTA barrier between the partial stores and the ticket")
-        assert any("ld.global.cg" in line for line in lines[atomics[0]:]), f"{name}: the reduction reads through L1"
+        assert len(atomics) == tickets[name], (name, [lines[i] for i in atomics])
+        for at in atomics:
+            atom = lines[at]
+            assert atom.startswith("@%p") and ".gpu." in atom and ".acq_rel." in atom, (name, atom)  # one thread
+            stores = [i for i, line in enumerate(lines[:at]) if "st.global" in line]  # what the ticket publishes
+            assert stores and any(line.startswith("bar.sync") for line in lines[stores[-1] : at]), (
+                f"{name}: no CTA barrier between the stores and the ticket at PTX line {at}")
+            assert any("ld.global.cg" in line for line in lines[at:]), f"{name}: the reduction reads through L1"

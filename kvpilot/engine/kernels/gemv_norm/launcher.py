@@ -22,6 +22,10 @@ class GemvConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    split_epilogue: bool = False  # the two-level epilogue (kernel.py; SPLIT_EPILOGUE below picks the default)
+
+
+SPLIT_EPILOGUE = False  # gemv_config's choice; unmeasured (bench/device_issue30.sh gemv_epilogue decides)
 
 
 def gemv_config(n: int, k: int, device: torch.device) -> GemvConfig:
@@ -32,14 +36,14 @@ def gemv_config(n: int, k: int, device: torch.device) -> GemvConfig:
     the earlier rule (16 x 256, no split at N = 4096) took 35.7 and 116.6. Small K keeps one split."""
     block_k = min(512, triton.next_power_of_2(max(k, 16)))
     split = 2 if k >= 2048 else 1
-    return GemvConfig(block_n=32 if k >= 8192 else 16, block_k=block_k, split_k=split)
+    return GemvConfig(block_n=32 if k >= 8192 else 16, block_k=block_k, split_k=split, split_epilogue=SPLIT_EPILOGUE)
 
 
-def counters(device: torch.device, rows: int) -> torch.Tensor:
-    """One ticket counter per row (kernels/tickets.py)."""
+def counters(device: torch.device, rows: int, slots: int | None = None) -> torch.Tensor:
+    """One ticket counter per row (kernels/tickets.py); `slots` of them when more are needed."""
     if rows > MAX_ROWS:
         raise ValueError(f"the fused GEMV takes at most {MAX_ROWS} rows, got {rows}")
-    found = ticket_counters(device, rows)
+    found = ticket_counters(device, slots or rows)
     if found is None:
         raise RuntimeError("the fused GEMV's counters are allocated by a first call outside CUDA graph capture")
     return found
@@ -64,11 +68,17 @@ def linear_add_rmsnorm_triton(
     cfg = config or gemv_config(n, k, x.device)
     assert cfg.block_n & (cfg.block_n - 1) == 0 and cfg.block_k & (cfg.block_k - 1) == 0, "power-of-two blocks"
     partial = torch.empty((m, cfg.split_k, n), dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(n, cfg.block_n), cfg.split_k, m)
+    blocks = triton.cdiv(n, cfg.block_n)
+    grid = (blocks, cfg.split_k, m)
+    split = {}
+    if cfg.split_epilogue:  # the row counters, then one per (row, block); a sum of squares per (row, block)
+        found = counters(x.device, m, m * (blocks + 1))
+        split = dict(SPLIT_EPILOGUE=True, BLOCK_BLOCKS=triton.next_power_of_2(blocks), block_counter_ptr=found[m:],
+                     block_sq_ptr=torch.empty((m, blocks), dtype=torch.float32, device=x.device))  # fmt: skip
     _gemv_norm_kernel[grid](
         x, weight, residual, norm_weight, out, total, partial, counters(x.device, m), eps, n, k,
         x.stride(0), weight.stride(0), residual.stride(0), out.stride(0), total.stride(0),
         SILU_INPUT=silu_input, SPLIT_K=cfg.split_k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        BLOCK_ROW=triton.next_power_of_2(n), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_ROW=triton.next_power_of_2(n), num_warps=cfg.num_warps, num_stages=cfg.num_stages, **split,
     )
     return out, total
