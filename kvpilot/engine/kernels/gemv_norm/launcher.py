@@ -70,13 +70,14 @@ def linear_add_rmsnorm_triton(
     partial = torch.empty((m, cfg.split_k, n), dtype=torch.float32, device=x.device)
     blocks = triton.cdiv(n, cfg.block_n)
     grid = (blocks, cfg.split_k, m)
+    # the row counters; with the split epilogue one more per (row, block), and a sum of squares per (row, block)
+    tickets = counters(x.device, m, m * (blocks + 1) if cfg.split_epilogue else m)
     split = {}
-    if cfg.split_epilogue:  # the row counters, then one per (row, block); a sum of squares per (row, block)
-        found = counters(x.device, m, m * (blocks + 1))
-        split = dict(SPLIT_EPILOGUE=True, BLOCK_BLOCKS=triton.next_power_of_2(blocks), block_counter_ptr=found[m:],
+    if cfg.split_epilogue:
+        split = dict(SPLIT_EPILOGUE=True, BLOCK_BLOCKS=triton.next_power_of_2(blocks), block_counter_ptr=tickets[m:],
                      block_sq_ptr=torch.empty((m, blocks), dtype=torch.float32, device=x.device))  # fmt: skip
     _gemv_norm_kernel[grid](
-        x, weight, residual, norm_weight, out, total, partial, counters(x.device, m), eps, n, k,
+        x, weight, residual, norm_weight, out, total, partial, tickets, eps, n, k,
         x.stride(0), weight.stride(0), residual.stride(0), out.stride(0), total.stride(0),
         SILU_INPUT=silu_input, SPLIT_K=cfg.split_k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         BLOCK_ROW=triton.next_power_of_2(n), num_warps=cfg.num_warps, num_stages=cfg.num_stages, **split,
