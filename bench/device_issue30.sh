@@ -93,9 +93,10 @@ final)  # session 17, second call: the defaults after the gemv stage chose them;
   # batch-1 step and the sweep at M = 1 in the same call decide whether it stays)
   step bounds 30 python3 bench/speed_bounds.py
   step kernel_tests 60 python3 -m pytest -p no:cacheprovider -q -o addopts="" -rf tests/kernels/test_gemv_norm.py
-  step decode_b1 45 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 --top 12
+  step decode_b1 45 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 --top 12 \
+    --steps 200  # 200 steps: 20 let one host stall double the unfused figure (session 18's second call)
   step decode_b1_unfused 45 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 \
-    --top 12 --fused-gemv-rows 0
+    --top 12 --steps 200 --fused-gemv-rows 0
   step gpu_tests 170 python3 -m pytest -p no:cacheprovider -m gpu -q -o addopts="" -rf \
     tests/gpu/test_engine_gpu.py tests/gpu/test_cuda_graphs_gpu.py tests/gpu/test_kv_quant_graphs_gpu.py \
     tests/gpu/test_async_scheduling_gpu.py tests/gpu/test_ticket_kernels_gpu.py
