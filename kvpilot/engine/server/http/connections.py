@@ -14,7 +14,8 @@ a low open-files limit the accept loop failed and /health with it. Here:
   a request, the new one gets a 503 with Retry-After;
 - when accept() fails for want of file descriptors (asyncio accepts a burst of queued connections
   before any of them is counted against the cap, and then retries the accept after 1 s), every
-  idle connection is closed so that the retry finds descriptors free, the retry comes after
+  idle connection (idle for SHED_MIN_IDLE_SECONDS at least: one just accepted has its request in
+  flight, a liveness probe's among them) is closed so that the retry finds descriptors free, the retry comes after
   ACCEPT_RETRY_SECONDS instead of 1 s, and the failures are counted and logged (the first at once,
   then at most every LOG_EVERY_SECONDS) instead of asyncio's traceback per failed accept.
 """
@@ -38,6 +39,7 @@ DEFAULT_MAX_CONNECTIONS = 1024
 LOG_EVERY_SECONDS = 10.0  # refusals are counted, and logged at most this often
 _OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 SHED_EVERY_SECONDS = 0.05
+SHED_MIN_IDLE_SECONDS = 0.25  # a connection younger than this (idle so far) has its request in flight: spared
 ACCEPT_RETRY_SECONDS = 0.2  # asyncio's is 1 s: the flood queued ahead of a probe drains 5 times faster
 
 
@@ -121,9 +123,10 @@ def guarded_h11(header_timeout_s: float, max_connections: int) -> type[asyncio.P
             if now - counts.shed_at < SHED_EVERY_SECONDS:
                 return
             counts.shed_at = now
+            oldest = time.monotonic() - SHED_MIN_IDLE_SECONDS  # a probe just accepted is not shed before it speaks
             for connection in list(live[0]) if live else []:
                 idle = isinstance(connection, GuardedH11Protocol) and connection._idle()
-                if idle and not connection.transport.is_closing():
+                if idle and connection._idle_since <= oldest and not connection.transport.is_closing():
                     counts.shed += 1
                     connection._close_quietly_unless_partial(_response(
                         503, "Service Unavailable", "connection_closed",
