@@ -123,10 +123,10 @@ def guarded_h11(header_timeout_s: float, max_connections: int) -> type[asyncio.P
             if now - counts.shed_at < SHED_EVERY_SECONDS:
                 return
             counts.shed_at = now
-            oldest = time.monotonic() - SHED_MIN_IDLE_SECONDS  # a probe just accepted is not shed before it speaks
+            idle_before = time.monotonic() - SHED_MIN_IDLE_SECONDS  # one just accepted is not shed before it speaks
             for connection in list(live[0]) if live else []:
                 idle = isinstance(connection, GuardedH11Protocol) and connection._idle()
-                if idle and connection._idle_since <= oldest and not connection.transport.is_closing():
+                if idle and connection._idle_since <= idle_before and not connection.transport.is_closing():
                     counts.shed += 1
                     connection._close_quietly_unless_partial(_response(
                         503, "Service Unavailable", "connection_closed",
