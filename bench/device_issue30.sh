@@ -92,7 +92,8 @@ final)  # session 17, second call: the defaults after the gemv stage chose them;
   # (session 18: the default fused_gemv_rows 1 with gemv_config from the gemv stage's sweep; the unfused
   # batch-1 step and the sweep at M = 1 in the same call decide whether it stays)
   step bounds 30 python3 bench/speed_bounds.py
-  step kernel_tests 60 python3 -m pytest -p no:cacheprovider -q -o addopts="" -rf tests/kernels/test_gemv_norm.py
+  step kernel_tests 70 python3 -m pytest -p no:cacheprovider -q -o addopts="" -rf tests/kernels/test_gemv_norm.py \
+    tests/kernels/test_sliding_window.py  # session 19: the window's kernels, compiled (CPU: interpreter only)
   step decode_b1 45 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 --top 12 \
     --steps 200  # 200 steps: 20 let one host stall double the unfused figure (session 18's second call)
   step decode_b1_unfused 45 python3 bench/profile_decode_kernels.py --batch 1 --context 512 --max-num-seqs 8 \

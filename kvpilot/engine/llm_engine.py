@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from kvpilot.engine.config import EngineConfig, ModelConfig
+from kvpilot.engine.config.sliding_window import window_limit
 from kvpilot.engine.config.strategy import check_model_strategy
 from kvpilot.engine.core.reserve import build_block_manager, sequence_blocks
 from kvpilot.engine.core.scheduler import Scheduler, SchedulerOutput
@@ -147,10 +148,9 @@ class LLMEngine:
             limits.pop()
         if self.config.max_model_len is not None:
             limits.append(self.config.max_model_len)
-        if mc.sliding_window:
-            limits.append(
-                mc.sliding_window
-            )  # kvpilot attends over the full context, so stay inside the window
+        window = window_limit(self.config, mc)  # config/sliding_window.py: where the window is not applied
+        if window is not None:
+            limits.append(window)
         return min(limits)
 
     # -- requests ------------------------------------------------------------------------

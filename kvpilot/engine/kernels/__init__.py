@@ -109,19 +109,23 @@ def paged_attention_prefill(
     context_lens: torch.Tensor,
     scale: float,
     max_seqlen_q: int | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Causal attention of packed chunks q [T, Hq, D] over their whole paged context (prefix + chunk).
 
     `max_seqlen_q`, optional: the longest chunk (a host int); it lets the Triton launch skip
-    programs for tiles no sequence has. Omitting it is always correct.
+    programs for tiles no sequence has. Omitting it is always correct. `window` > 0: sliding-window
+    attention (the query at position p sees keys p - window < j <= p, as HF Mistral defines it).
     """
     if backend_for(q) == "triton":
         from kvpilot.engine.kernels.paged_prefill.launcher import paged_attention_prefill_triton
 
         return paged_attention_prefill_triton(
-            q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_seqlen_q
+            q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_seqlen_q, window
         )
-    return paged_attention_prefill_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
+    return paged_attention_prefill_reference(
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, window
+    )
 
 
 def paged_attention_decode(
@@ -131,10 +135,12 @@ def paged_attention_decode(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
-    """One query per sequence q [B, Hq, D] at position context_lens[b]-1 over its paged context."""
+    """One query per sequence q [B, Hq, D] at position context_lens[b]-1 over its paged context
+    (window > 0: over its last `window` positions)."""
     if backend_for(q) == "triton":
         from kvpilot.engine.kernels.paged_decode.launcher import paged_attention_decode_triton
 
-        return paged_attention_decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale)
-    return paged_attention_decode_reference(q, k_cache, v_cache, block_tables, context_lens, scale)
+        return paged_attention_decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale, window=window)
+    return paged_attention_decode_reference(q, k_cache, v_cache, block_tables, context_lens, scale, window)

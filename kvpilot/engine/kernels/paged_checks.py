@@ -37,6 +37,16 @@ def check_int_vector(name: str, t: torch.Tensor, length: int) -> None:
     assert t.is_contiguous(), f"{name} must be contiguous"
 
 
+NO_WINDOW = 1 << 30  # the kernels' window when attention sees the whole context (longer than any context)
+
+
+def kernel_window(window: int) -> int:
+    """The window a paged attention kernel takes: `window` keys (sliding-window attention), 0 for all."""
+    if not 0 <= window < NO_WINDOW:
+        raise ValueError(f"sliding window must be 0 (none) or a token count below {NO_WINDOW}, got {window}")
+    return window or NO_WINDOW
+
+
 def check_block_tables(block_tables: torch.Tensor, batch: int) -> None:
     assert block_tables.dim() == 2 and block_tables.shape[0] == batch, (
         f"block_tables has shape {tuple(block_tables.shape)}: want [{batch}, max_blocks]"

@@ -28,6 +28,10 @@ class Attention(nn.Module):
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
         self.kv_quant: Any = None  # strategies/kv_quant/layer.LayerKVQuant when the cache is int8/fp8/auto-switched
+        # sliding-window attention (Mistral's `sliding_window`): each query sees its last `window` positions;
+        # 0: the whole context. The 16-bit paged and dense paths apply it; elsewhere the engine keeps
+        # max_model_len within the window (config/sliding_window.py), where it changes nothing.
+        self.window = 0
 
     def fused_store(self, v: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
         """(v, k_cache, v_cache, slot_mapping) where this step's K/V can be written by the rotary kernel
@@ -67,12 +71,12 @@ class Attention(nn.Module):
     def _prefill(self, q: torch.Tensor, ctx: Context) -> torch.Tensor:
         return paged_attention_prefill(
             q, self.k_cache, self.v_cache, ctx.block_tables, ctx.cu_seqlens_q, ctx.context_lens, self.scale,
-            ctx.max_seqlen_q,
+            ctx.max_seqlen_q, self.window,
         )
 
     def _decode(self, q: torch.Tensor, ctx: Context) -> torch.Tensor:
         return paged_attention_decode(
-            q, self.k_cache, self.v_cache, ctx.decode_block_tables, ctx.decode_context_lens, self.scale
+            q, self.k_cache, self.v_cache, ctx.decode_block_tables, ctx.decode_context_lens, self.scale, self.window
         )
 
     def _dense_causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -81,7 +85,11 @@ class Attention(nn.Module):
         v = v.repeat_interleave(group, dim=1)
         # 4-D [1, H, T, D]: SDPA's flash / memory-efficient kernels take only 4-D inputs; 3-D fell back to the
         # math kernel, whose [H, T, T] scores took 32 GiB at 16k tokens (runtime validation's dense recompute)
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], is_causal=True, scale=self.scale
-        )
+        q4, k4, v4 = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+        t = q.shape[0]
+        if self.window and t > self.window:  # the band p - window < j <= p (a [T, T] mask, only past the window)
+            pos = torch.arange(t, device=q.device)
+            band = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - self.window)
+            return F.scaled_dot_product_attention(q4, k4, v4, attn_mask=band, scale=self.scale)[0].transpose(0, 1)
+        out = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, scale=self.scale)
         return out[0].transpose(0, 1)

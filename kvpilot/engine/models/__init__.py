@@ -1,4 +1,4 @@
-"""Model families by name; Mistral runs on the Llama implementation (no sliding window)."""
+"""Model families by name; Mistral runs on the Llama implementation (its sliding window: config/sliding_window.py)."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from kvpilot.engine.config import ModelConfig
+from kvpilot.engine.config.sliding_window import layer_window
 from kvpilot.engine.kernels import linear_add_rmsnorm
 from kvpilot.engine.layers.attention import Attention
 from kvpilot.engine.layers.parallel import MergedLinear, column_linear, row_linear
@@ -32,6 +33,7 @@ class LlamaAttention(nn.Module):
         self.o_proj = row_linear(q_width, hidden, False, heads.q_start * d, self.num_heads * d)
         self.rotary_emb = RotaryEmbedding(self.head_dim, config.rope_theta, config.rope_scaling)
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
+        self.attn.window = layer_window(config)  # Mistral's sliding window (config/sliding_window.py)
         self.qkv: MergedLinear | None = None  # merge_projections(): q, k and v in one GEMM
 
     def merge_projections(self) -> None:

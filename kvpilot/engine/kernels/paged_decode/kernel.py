@@ -37,6 +37,7 @@ def _paged_decode_kernel(
     partial_lse_ptr,
     counter_ptr,
     qk_scale_log2,
+    window,
     stride_q_seq,
     stride_q_head,
     stride_o_seq,
@@ -60,8 +61,9 @@ def _paged_decode_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     context_len = tl.load(context_lens_ptr + seq)
-    split_len = tl.cdiv(tl.cdiv(context_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    split_start = split * split_len
+    kv_first = tl.maximum(context_len - window, 0)  # sliding window: the last `window` keys (window 2**30: all)
+    split_len = tl.cdiv(tl.cdiv(context_len - kv_first, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    split_start = kv_first + split * split_len
     split_end = tl.minimum(context_len, split_start + split_len)
 
     offs_g = tl.arange(0, GROUP_PAD)

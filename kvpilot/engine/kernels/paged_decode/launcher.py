@@ -12,6 +12,7 @@ from kvpilot.engine.kernels.paged_checks import (
     check_paged_cache,
     dot_dtype,
     dot_precision,
+    kernel_window,
 )
 from kvpilot.engine.kernels.paged_decode.heuristics import DecodeConfig, decode_config
 from kvpilot.engine.kernels.paged_decode.kernel import (
@@ -30,9 +31,10 @@ def paged_attention_decode_triton(
     context_lens: torch.Tensor,
     scale: float,
     config: DecodeConfig | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """q [B, Hq, D]; block_tables int32 [B, max_blocks]; context_lens int32 [B] (0: a padding row, output zeros);
-    config overrides the heuristic."""
+    config overrides the heuristic; window > 0: each query sees its last `window` positions."""
     check_triton_device(q, k_cache, v_cache, block_tables, context_lens)
     block_size, num_kv_heads, group = check_paged_cache(q, k_cache, v_cache)
     batch, num_heads, head_dim = q.shape
@@ -58,7 +60,7 @@ def paged_attention_decode_triton(
     operand_dtype = dot_dtype(q.dtype)
     _paged_decode_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, partial_o, partial_lse, counter,
-        scale * LOG2E,
+        scale * LOG2E, kernel_window(window),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         NUM_HEADS=num_heads, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),

@@ -28,6 +28,7 @@ def _paged_prefill_kernel(
     context_lens_ptr,
     o_ptr,
     qk_scale_log2,
+    window,
     stride_q_token,
     stride_q_head,
     stride_o_token,
@@ -70,7 +71,9 @@ def _paged_prefill_kernel(
     acc = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
     block_table = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
     kv_end = tl.minimum(context_len, context_len - q_len + (q_tile + 1) * BLOCK_Q)
-    for start in range(0, kv_end, BLOCK_N):
+    # sliding window (window 2**30: none): the tile's first query sees keys after its position - window
+    kv_start = tl.maximum(context_len - q_len + q_tile * BLOCK_Q - window + 1, 0) // BLOCK_N * BLOCK_N
+    for start in range(kv_start, kv_end, BLOCK_N):
         tokens = start + tl.arange(0, BLOCK_N)
         token_mask = tokens < kv_end
         k = _gather_kv_tile(k_cache_ptr, block_table, tokens, token_mask, kv_head, offs_d,
@@ -78,7 +81,8 @@ def _paged_prefill_kernel(
         v = _gather_kv_tile(v_cache_ptr, block_table, tokens, token_mask, kv_head, offs_d,
                             stride_cache_block, stride_cache_token, stride_cache_head, BLOCK_SIZE).to(DOT_DTYPE)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
-        visible = (tokens[None, :] <= q_pos[:, None]) & token_mask[None, :]
+        visible = ((tokens[None, :] <= q_pos[:, None]) & (tokens[None, :] > q_pos[:, None] - window)
+                   & token_mask[None, :])
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.math.exp2(s - m_new[:, None])

@@ -12,6 +12,7 @@ from kvpilot.engine.kernels.paged_checks import (
     check_paged_cache,
     dot_dtype,
     dot_precision,
+    kernel_window,
 )
 from kvpilot.engine.kernels.paged_prefill.kernel import LOG2E, _paged_prefill_kernel
 
@@ -27,8 +28,10 @@ def paged_attention_prefill_triton(
     context_lens: torch.Tensor,
     scale: float,
     max_seqlen_q: int | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """q [T, Hq, D] packed varlen; block_tables int32 [B, max_blocks]; cu_seqlens_q int32 [B+1]; context_lens int32 [B].
+    window > 0: sliding-window attention, each query sees its last `window` positions (itself included).
 
     `max_seqlen_q` (optional, the longest chunk in the batch, known on the host) sizes the grid;
     without it the grid is sized for T tokens per sequence and surplus programs exit at once.
@@ -55,7 +58,7 @@ def paged_attention_prefill_triton(
     grid = (triton.cdiv(max_seqlen_q, block_q), batch, num_kv_heads)
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out,
-        scale * LOG2E,
+        scale * LOG2E, kernel_window(window),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,

@@ -1,0 +1,59 @@
+"""Sliding-window attention (Mistral's `sliding_window`): where the engine applies it, and the limit where not.
+
+HF Mistral (and a Llama-architecture config that sets `sliding_window`) lets the query at position p
+see the keys p - window < j <= p in every layer. The plain attention layer applies that window on its
+16-bit paged kernels and its dense path (layers/attention.py, kernels/paged_*), so such a model serves
+past its window with the outputs HF gives. The other attention paths (the 8-bit caches' kernels, the
+memory strategies' layers, eviction, which drops blocks and so changes what an index means) attend over
+the whole context: there the engine keeps every sequence within the window, where the two agree.
+The KV cache still holds every token of a sequence (no block is freed when it leaves the window), which
+is what the capacity planner counts.
+"""
+
+from __future__ import annotations
+
+from kvpilot.engine.config.engine import EngineConfig
+from kvpilot.engine.config.model import ModelConfig
+from kvpilot.engine.config.strategy import kv_cache_kind
+
+WINDOWED_FAMILIES = ("llama", "mistral")  # every layer slides; Qwen2's per-layer split (max_window_layers) is not modelled
+SIXTEEN_BIT_KINDS = ("model", "float32", "float16", "bfloat16")
+
+
+def layer_window(model: ModelConfig) -> int:
+    """The window each attention layer of this model applies: 0 for none (full causal attention)."""
+    if model.sliding_window and model.family in WINDOWED_FAMILIES:
+        return int(model.sliding_window)
+    return 0
+
+
+def window_not_applied(config: EngineConfig, model: ModelConfig) -> str:
+    """Why this engine configuration cannot apply the model's sliding window; '' when it can (or there is none)."""
+    if not model.sliding_window:
+        return ""
+    if model.family not in WINDOWED_FAMILIES:
+        return f"the {model.family} family's sliding window is not implemented"
+    if config.attention != "native" and not getattr(config, f"disable_{config.attention}", False):
+        return f"attention {config.attention!r} attends over the whole context"
+    kind = kv_cache_kind(config)
+    if kind not in SIXTEEN_BIT_KINDS:
+        return f"the {kind} KV cache's kernels attend over the whole context"
+    if config.eviction != "none":
+        return f"eviction {config.eviction!r} drops blocks, and the window counts positions"
+    return ""
+
+
+def window_limit(config: EngineConfig, model: ModelConfig) -> int | None:
+    """The max_model_len the sliding window imposes (None: none), or ValueError when the user asked for more."""
+    why = window_not_applied(config, model)
+    if not why:
+        return None
+    window = int(model.sliding_window or 0)
+    if config.max_model_len is not None and config.max_model_len > window:
+        raise ValueError(
+            f"max_model_len {config.max_model_len} is past the model's sliding window ({window} tokens), and here "
+            f"{why}; kvpilot applies the window with native attention, a 16-bit KV cache (kv_cache_dtype auto, "
+            f"bf16 or fp16) and no eviction, on Llama/Mistral checkpoints. Use one of those, or max_model_len <= "
+            f"{window}"
+        )
+    return window

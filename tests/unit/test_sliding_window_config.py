@@ -1,0 +1,42 @@
+"""Where the engine applies a model's sliding window, and the length limit where it does not."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpilot.engine.config import EngineConfig, ModelConfig
+from kvpilot.engine.config.sliding_window import layer_window, window_limit, window_not_applied
+from kvpilot.engine.make_model import model_config
+
+
+def model(family: str = "mistral", window: int | None = 4096) -> ModelConfig:
+    raw = model_config(family, sliding_window=window, **({"use_sliding_window": True} if family == "qwen2" else {}))
+    return ModelConfig.from_dict(raw)
+
+
+@pytest.mark.parametrize("kw", [{}, {"kv_cache_dtype": "bf16"}, {"kv_cache_dtype": "fp16"},
+                                {"attention": "gqa", "kv_head_groups": 1, "disable_gqa": True}])  # fmt: skip
+def test_native_16_bit_paths_apply_the_window(kw: dict) -> None:
+    config = EngineConfig(model="m", max_model_len=32768, **kw)
+    assert window_not_applied(config, model()) == "" and window_limit(config, model()) is None
+    assert layer_window(model()) == 4096
+
+
+@pytest.mark.parametrize(("kw", "why"), [
+    ({"kv_cache_dtype": "int8"}, "int8 KV cache"), ({"kv_cache_dtype": "fp8"}, "fp8 KV cache"),
+    ({"kv_cache_dtype": "auto", "kv_quant_auto_threshold": 4}, "auto-switch KV cache"),
+    ({"attention": "gqa", "kv_head_groups": 1}, "attention 'gqa'"), ({"eviction": "sinks"}, "eviction 'sinks'"),
+])  # fmt: skip
+def test_other_paths_keep_the_length_within_the_window(kw: dict, why: str) -> None:
+    assert why in window_not_applied(EngineConfig(model="m", **kw), model())
+    assert window_limit(EngineConfig(model="m", **kw), model()) == 4096
+    assert window_limit(EngineConfig(model="m", max_model_len=4096, **kw), model()) == 4096
+    with pytest.raises(ValueError, match=f"max_model_len 8192 is past the model's sliding window.*{why}"):
+        window_limit(EngineConfig(model="m", max_model_len=8192, **kw), model())
+
+
+def test_no_window_or_an_unmodelled_family() -> None:
+    assert window_not_applied(EngineConfig(model="m", kv_cache_dtype="int8"), model(window=None)) == ""
+    assert layer_window(model(window=None)) == 0
+    qwen = model("qwen2")
+    assert layer_window(qwen) == 0 and "qwen2 family" in window_not_applied(EngineConfig(model="m"), qwen)
