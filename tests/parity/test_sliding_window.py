@@ -1,7 +1,8 @@
 """Mistral's sliding window: kvpilot serves past it with HF transformers' outputs (CPU, fp32).
 
 A tiny Mistral with `sliding_window` 8 (every prompt but one and every continuation runs past it):
-greedy tokens equal HF's under prefix caching, small chunks and preemption, on the torch path and
+greedy tokens equal HF's under prefix caching, small chunks, preemption and each strategy's one-flag
+rollback (the checkpoint's own attention), on the torch path and
 on the Triton kernels (interpreter); the dense path's logits equal HF's. Where the window is not
 applied (an int8 KV cache), max_model_len stays within it, and asking for more is refused by name.
 """
@@ -30,6 +31,9 @@ CONFIGS = {
     "prefix+chunked": {},
     "small-budget-chunks": {"max_num_batched_tokens": 7, "block_size": 8},
     "tiny-pool-preempt": {"num_kv_blocks": 10, "block_size": 8},
+    "gqa-rolled-back": {"attention": "gqa", "kv_head_groups": 1, "disable_gqa": True},  # the checkpoint's own
+    "mla-rolled-back": {"attention": "mla", "latent_rank": 16, "disable_mla": True},
+    "linear-rolled-back": {"attention": "linear", "disable_linear": True},
 }
 
 
