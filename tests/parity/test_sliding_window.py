@@ -60,6 +60,21 @@ def test_greedy_past_the_window_matches_hf(checkpoint, config_name: str, tmp_pat
 
 
 @pytest.mark.parametrize("checkpoint", ["mistral-window8"], indirect=True)
+def test_sinks_eviction_of_the_oldest_blocks_frees_what_left_the_window(checkpoint) -> None:
+    """Mistral's rolling buffer: --eviction sinks with 0 sinks and a window of W tokens keeps each sequence
+    at a few blocks and gives HF's tokens."""
+    path, expected = checkpoint
+    llm = LLM(path, show_progress=False, block_size=8, eviction="sinks", eviction_sinks=0, eviction_window=WINDOW)
+    assert greedy_ids(llm, PROMPTS, MAX_NEW) == expected
+    engine = llm.engine
+    assert engine.evictor.evicted_blocks_total > 0
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks  # nothing held, nothing leaked
+    with pytest.raises(ValueError, match="leaves gaps in the view"):  # a sink token would be a gap
+        LLM(path, show_progress=False, block_size=8, eviction="sinks", eviction_sinks=4, eviction_window=WINDOW,
+            max_model_len=64)
+
+
+@pytest.mark.parametrize("checkpoint", ["mistral-window8"], indirect=True)
 def test_triton_kernels_apply_the_window(checkpoint, monkeypatch) -> None:
     path, expected = checkpoint
     monkeypatch.setenv("KVPILOT_KERNELS", "triton")

@@ -15,7 +15,8 @@ def model(family: str = "mistral", window: int | None = 4096) -> ModelConfig:
 
 
 @pytest.mark.parametrize("kw", [{}, {"kv_cache_dtype": "bf16"}, {"kv_cache_dtype": "fp16"},
-                                {"attention": "gqa", "kv_head_groups": 1, "disable_gqa": True}])  # fmt: skip
+                                {"attention": "gqa", "kv_head_groups": 1, "disable_gqa": True},
+                                {"eviction": "sinks", "eviction_sinks": 0, "eviction_window": 4095}])  # fmt: skip
 def test_native_16_bit_paths_apply_the_window(kw: dict) -> None:
     config = EngineConfig(model="m", max_model_len=32768, **kw)
     assert window_not_applied(config, model()) == "" and window_limit(config, model()) is None
@@ -26,6 +27,8 @@ def test_native_16_bit_paths_apply_the_window(kw: dict) -> None:
     ({"kv_cache_dtype": "int8"}, "int8 KV cache"), ({"kv_cache_dtype": "fp8"}, "fp8 KV cache"),
     ({"kv_cache_dtype": "auto", "kv_quant_auto_threshold": 4}, "auto-switch KV cache"),
     ({"attention": "gqa", "kv_head_groups": 1}, "attention 'gqa'"), ({"eviction": "sinks"}, "eviction 'sinks'"),
+    ({"eviction": "sinks", "eviction_sinks": 0, "eviction_window": 1024}, "a window of >= 4095 tokens"),
+    ({"eviction": "ladder", "eviction_sinks": 0, "eviction_window": 8192}, "eviction 'ladder'"),
 ])  # fmt: skip
 def test_other_paths_keep_the_length_within_the_window(kw: dict, why: str) -> None:
     assert why in window_not_applied(EngineConfig(model="m", **kw), model())

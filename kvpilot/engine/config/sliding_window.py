@@ -4,10 +4,11 @@ HF Mistral (and a Llama-architecture config that sets `sliding_window`) lets the
 see the keys p - window < j <= p in every layer. The plain attention layer applies that window on its
 16-bit paged kernels and its dense path (layers/attention.py, kernels/paged_*), so such a model serves
 past its window with the outputs HF gives. The other attention paths (the 8-bit caches' kernels, the
-memory strategies' layers, eviction, which drops blocks and so changes what an index means) attend over
-the whole context: there the engine keeps every sequence within the window, where the two agree.
-The KV cache still holds every token of a sequence (no block is freed when it leaves the window), which
-is what the capacity planner counts.
+memory strategies' layers) attend over the whole context, and eviction that keeps sink tokens or fewer
+than window - 1 recent ones leaves gaps in the view the kernels count the window in: there the engine
+keeps every sequence within the window, where the two agree.
+Without eviction the KV cache holds every token of a sequence; `--eviction sinks --eviction-sinks 0
+--eviction-window W` frees the blocks that left the window (Mistral's rolling buffer, at block granularity).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from kvpilot.engine.config.engine import EngineConfig
 from kvpilot.engine.config.model import ModelConfig
 from kvpilot.engine.config.strategy import kv_cache_kind
+from kvpilot.strategy_schema import linear_window_stays_resident
 
 WINDOWED_FAMILIES = ("llama", "mistral")  # every layer slides; Qwen2's per-layer split (max_window_layers) is not modelled
 SIXTEEN_BIT_KINDS = ("model", "float32", "float16", "bfloat16")
@@ -38,8 +40,14 @@ def window_not_applied(config: EngineConfig, model: ModelConfig) -> str:
     kind = kv_cache_kind(config)
     if kind not in SIXTEEN_BIT_KINDS:
         return f"the {kind} KV cache's kernels attend over the whole context"
-    if config.eviction != "none":
-        return f"eviction {config.eviction!r} drops blocks, and the window counts positions"
+    window = int(model.sliding_window)
+    # the kernels count the window in the sequence's resident view: that is its positions when eviction
+    # drops only the oldest blocks (no sinks) and keeps the window's window - 1 earlier tokens
+    if not linear_window_stays_resident(config.eviction, config.eviction_sinks, config.eviction_window,
+                                        config.block_size, window):
+        return (f"eviction {config.eviction!r} ({config.eviction_sinks} sinks, window {config.eviction_window}) "
+                f"leaves gaps in the view the window is counted in; sinks eviction with 0 sinks and a window of "
+                f">= {window - 1} tokens keeps it")
     return ""
 
 
@@ -53,7 +61,7 @@ def window_limit(config: EngineConfig, model: ModelConfig) -> int | None:
         raise ValueError(
             f"max_model_len {config.max_model_len} is past the model's sliding window ({window} tokens), and here "
             f"{why}; kvpilot applies the window with native attention, a 16-bit KV cache (kv_cache_dtype auto, "
-            f"bf16 or fp16) and no eviction, on Llama/Mistral checkpoints. Use one of those, or max_model_len <= "
-            f"{window}"
+            f"bf16 or fp16) and no eviction or sinks eviction of the oldest blocks only, on Llama/Mistral "
+            f"checkpoints. Use one of those, or max_model_len <= {window}"
         )
     return window
