@@ -151,6 +151,32 @@ def linear_window_stays_resident(eviction: str, sinks: int, window: int, block_s
     return eviction == "sinks" and sinks == 0 and kept >= linear_window - 1
 
 
+SLIDING_WINDOW_FAMILIES = ("llama", "mistral")  # every layer slides; Qwen2's per-layer split is not modelled
+
+
+def sliding_window_gap(family: str, window: int, attention: str, kv_cache: str, sixteen_bit: bool, eviction: str,
+                       sinks: int, eviction_window: int, block_size: int) -> str:
+    """Why the engine cannot apply a model's sliding window of `window` tokens ('' when it can, or for 0).
+
+    The engine (engine/config/sliding_window.py) keeps max_model_len within the window then, and refuses
+    a longer one; the operator's preflight refuses such a maxSeqLen before any pod. `attention` is the
+    served one ('native' for a strategy's one-flag rollback), `kv_cache` names the cache for the message."""
+    if not window:
+        return ""
+    if family not in SLIDING_WINDOW_FAMILIES:
+        return f"the {family} family's sliding window is not implemented"
+    if attention != "native":
+        return f"attention {attention!r} attends over the whole context"
+    if not sixteen_bit:
+        return f"the {kv_cache} KV cache's kernels attend over the whole context"
+    # the kernels count the window in the sequence's resident view: positions while eviction drops only the
+    # oldest blocks (no sinks) and keeps the window's window - 1 earlier tokens
+    if not linear_window_stays_resident(eviction, sinks, eviction_window, block_size, window):
+        return (f"eviction {eviction!r} ({sinks} sinks, window {eviction_window}) leaves gaps in the view the "
+                f"window is counted in; sinks eviction with 0 sinks and a window of >= {window - 1} tokens keeps it")
+    return ""
+
+
 def default(name: str) -> Any:
     """The default of spec.strategy's field `name` (snake_case)."""
     return FIELDS[name].default

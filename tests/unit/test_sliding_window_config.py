@@ -43,3 +43,44 @@ def test_no_window_or_an_unmodelled_family() -> None:
     assert layer_window(model(window=None)) == 0
     qwen = model("qwen2")
     assert layer_window(qwen) == 0 and "qwen2 family" in window_not_applied(EngineConfig(model="m"), qwen)
+
+
+MISTRAL_V01 = {**model_config("mistral", sliding_window=4096), "max_position_embeddings": 32768}
+
+
+@pytest.mark.parametrize(("strategy", "disable", "refused"), [
+    ({"attention": "native", "kvCacheDtype": "int8", "maxSeqLen": 8192}, [], "the int8 KV cache's kernels"),
+    ({"attention": "native", "kvCacheDtype": "int8", "maxSeqLen": 8192}, ["kv-quant"], ""),  # served 16-bit
+    ({"attention": "native", "kvCacheDtype": "int8", "maxSeqLen": 4096}, [], ""),  # within the window
+    ({"attention": "native", "kvCacheDtype": "bf16", "maxSeqLen": 32768}, [], ""),
+    ({"attention": "gqa", "kvHeadGroups": 4, "kvCacheDtype": "bf16", "maxSeqLen": 8192}, [], "attention 'gqa'"),
+    ({"attention": "native", "kvCacheDtype": "bf16", "maxSeqLen": 32768, "eviction": "sinks"}, [], "leaves gaps"),
+    ({"attention": "native", "kvCacheDtype": "bf16", "maxSeqLen": 32768, "eviction": "sinks", "evictionSinks": 0,
+      "evictionWindow": 4096}, [], ""),
+])  # fmt: skip
+def test_the_operator_refuses_before_any_pod_what_the_engine_would_refuse(strategy: dict, disable: list[str],
+                                                                          refused: str) -> None:
+    """preflight == the engine: a maxSeqLen the engine would refuse at start (a crash-looping pod) is a
+    StrategyRefused naming the window; one it serves plans."""
+    from operator_fakes import service
+
+    from kvpilot.operator.reconcile.preflight import preflight
+    from kvpilot.operator.spec import ServiceSpec
+    from kvpilot.planner import PlannerError
+
+    body = service(config=MISTRAL_V01, strategy=strategy)
+    body["spec"]["engine"]["disable"] = disable
+    spec = ServiceSpec.from_dict(body["spec"])
+    engine = EngineConfig(model="m", max_model_len=strategy["maxSeqLen"], attention=strategy["attention"],
+                          kv_head_groups=strategy.get("kvHeadGroups"), kv_cache_dtype=strategy["kvCacheDtype"],
+                          disable_kv_quant="kv-quant" in disable, eviction=strategy.get("eviction", "none"),
+                          eviction_sinks=strategy.get("evictionSinks", 4),
+                          eviction_window=strategy.get("evictionWindow", 1024))
+    if refused:
+        with pytest.raises(PlannerError, match=f"past the model's sliding window \\(4096 tokens\\).*{refused}"):
+            preflight(spec, MISTRAL_V01)
+        with pytest.raises(ValueError, match=refused):
+            window_limit(engine, ModelConfig.from_dict(MISTRAL_V01))
+    else:
+        preflight(spec, MISTRAL_V01)
+        window_limit(engine, ModelConfig.from_dict(MISTRAL_V01))

@@ -16,39 +16,25 @@ from __future__ import annotations
 from kvpilot.engine.config.engine import EngineConfig
 from kvpilot.engine.config.model import ModelConfig
 from kvpilot.engine.config.strategy import kv_cache_kind
-from kvpilot.strategy_schema import linear_window_stays_resident
+from kvpilot.strategy_schema import SLIDING_WINDOW_FAMILIES, sliding_window_gap
 
-WINDOWED_FAMILIES = ("llama", "mistral")  # every layer slides; Qwen2's per-layer split (max_window_layers) is not modelled
 SIXTEEN_BIT_KINDS = ("model", "float32", "float16", "bfloat16")
 
 
 def layer_window(model: ModelConfig) -> int:
     """The window each attention layer of this model applies: 0 for none (full causal attention)."""
-    if model.sliding_window and model.family in WINDOWED_FAMILIES:
+    if model.sliding_window and model.family in SLIDING_WINDOW_FAMILIES:
         return int(model.sliding_window)
     return 0
 
 
 def window_not_applied(config: EngineConfig, model: ModelConfig) -> str:
     """Why this engine configuration cannot apply the model's sliding window; '' when it can (or there is none)."""
-    if not model.sliding_window:
-        return ""
-    if model.family not in WINDOWED_FAMILIES:
-        return f"the {model.family} family's sliding window is not implemented"
-    if config.attention != "native" and not getattr(config, f"disable_{config.attention}", False):
-        return f"attention {config.attention!r} attends over the whole context"
+    rolled_back = getattr(config, f"disable_{config.attention}", False)  # the checkpoint's own attention
     kind = kv_cache_kind(config)
-    if kind not in SIXTEEN_BIT_KINDS:
-        return f"the {kind} KV cache's kernels attend over the whole context"
-    window = int(model.sliding_window)
-    # the kernels count the window in the sequence's resident view: that is its positions when eviction
-    # drops only the oldest blocks (no sinks) and keeps the window's window - 1 earlier tokens
-    if not linear_window_stays_resident(config.eviction, config.eviction_sinks, config.eviction_window,
-                                        config.block_size, window):
-        return (f"eviction {config.eviction!r} ({config.eviction_sinks} sinks, window {config.eviction_window}) "
-                f"leaves gaps in the view the window is counted in; sinks eviction with 0 sinks and a window of "
-                f">= {window - 1} tokens keeps it")
-    return ""
+    return sliding_window_gap(model.family, int(model.sliding_window or 0),
+                              "native" if rolled_back else config.attention, kind, kind in SIXTEEN_BIT_KINDS,
+                              config.eviction, config.eviction_sinks, config.eviction_window, config.block_size)
 
 
 def window_limit(config: EngineConfig, model: ModelConfig) -> int | None:

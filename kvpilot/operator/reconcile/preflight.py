@@ -13,6 +13,7 @@ from kvpilot.strategy_schema import (
     EIGHT_BIT_KV_DTYPES,
     MLA_ROPE_PAIRS,
     linear_window_stays_resident,
+    sliding_window_gap,
 )
 
 
@@ -68,6 +69,27 @@ def _check_linear(strategy: StrategySpec) -> None:
         )
 
 
+def _check_sliding_window(strategy: StrategySpec, disabled: tuple[str, ...], model_config: Mapping[str, Any]) -> None:
+    """A maxSeqLen past the model's sliding window where the engine cannot apply it (it would refuse to
+    start); `disabled`: spec.engine.disable, the switches served as the checkpoint's own (kv-quant, gqa, ...)."""
+    window = model_config.get("sliding_window") if model_config.get("use_sliding_window", True) else None
+    if not isinstance(window, int) or window <= 0 or strategy.max_seq_len <= window:
+        return
+    switching = strategy.kv_cache_dtype == "auto" and strategy.kv_quant_auto_threshold is not None
+    eight_bit = (switching or strategy.kv_cache_dtype in EIGHT_BIT_KV_DTYPES) and "kv-quant" not in disabled
+    attention = "native" if strategy.attention in disabled else strategy.attention
+    gap = sliding_window_gap(str(model_config.get("model_type")), window, attention,
+                             "auto-switching" if switching else strategy.kv_cache_dtype, not eight_bit,
+                             strategy.eviction, strategy.eviction_sinks, strategy.eviction_window, strategy.block_size)
+    if gap:
+        raise StrategyRefused(
+            f"strategy.maxSeqLen {strategy.max_seq_len} is past the model's sliding window ({window} tokens), and "
+            f"{gap}; the engine applies the window with attention native, kvCacheDtype bf16, fp16 or auto (without "
+            f"kvQuantAutoThreshold) and eviction none or sinks with evictionSinks 0 and evictionWindow >= "
+            f"{window - 1}, on Llama/Mistral checkpoints: use those, or maxSeqLen <= {window}"
+        )
+
+
 def preflight(spec: ServiceSpec, model_config: Mapping[str, Any]) -> CapacityPlan:
     """The plan for one replica (spec.resources.gpus GPUs of spec.resources.gpuProduct).
 
@@ -84,6 +106,7 @@ def preflight(spec: ServiceSpec, model_config: Mapping[str, Any]) -> CapacityPla
             "unquantised weights only (float32/float16/bfloat16); point spec.model at the unquantised checkpoint "
             "(strategy.kvCacheDtype int8 or fp8 quantises the KV cache instead)"
         )
+    _check_sliding_window(spec.strategy, spec.engine.disable, model_config)
     problems = conflicts(spec.pod)  # spec.pod against the operator's own labels, volumes and mounts
     if problems:
         raise StrategyRefused("; ".join(problems))
