@@ -8,6 +8,7 @@ becomes. tests/unit/test_strategy_schema.py holds the CRD's enums, the serve par
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,6 +153,12 @@ def linear_window_stays_resident(eviction: str, sinks: int, window: int, block_s
 
 
 SLIDING_WINDOW_FAMILIES = ("llama", "mistral")  # every layer slides; Qwen2's per-layer split is not modelled
+
+
+def configured_window(config: Mapping[str, Any]) -> int | None:
+    """A config.json's sliding window in tokens, or None (absent, null, or `use_sliding_window: false`)."""
+    window = config.get("sliding_window") if config.get("use_sliding_window", True) else None
+    return window if isinstance(window, int) and window > 0 else None
 
 
 def sliding_window_gap(family: str, window: int, attention: str, kv_cache: str, sixteen_bit: bool, eviction: str,

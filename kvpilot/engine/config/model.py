@@ -9,6 +9,7 @@ from typing import Any
 
 from kvpilot.engine.config.deepseek import DEEPSEEK_FAMILIES, DeepseekFields, deepseek_fields
 from kvpilot.engine.config.minimax import HybridFields
+from kvpilot.strategy_schema import configured_window
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -105,7 +106,7 @@ class ModelConfig:
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=eos_ids,
-            sliding_window=raw.get("sliding_window") if raw.get("use_sliding_window", True) else None,
+            sliding_window=configured_window(raw),
             deepseek=deepseek_fields(family, raw, source) if family in DEEPSEEK_FAMILIES else None,
             hybrid=HybridFields.from_dict(raw, source) if family == "minimax" else None,
         )

@@ -12,6 +12,7 @@ from kvpilot.strategy_schema import (
     CALIBRATED_ROPE_PAIRS,
     EIGHT_BIT_KV_DTYPES,
     MLA_ROPE_PAIRS,
+    configured_window,
     linear_window_stays_resident,
     sliding_window_gap,
 )
@@ -72,8 +73,8 @@ def _check_linear(strategy: StrategySpec) -> None:
 def _check_sliding_window(strategy: StrategySpec, disabled: tuple[str, ...], model_config: Mapping[str, Any]) -> None:
     """A maxSeqLen past the model's sliding window where the engine cannot apply it (it would refuse to
     start); `disabled`: spec.engine.disable, the switches served as the checkpoint's own (kv-quant, gqa, ...)."""
-    window = model_config.get("sliding_window") if model_config.get("use_sliding_window", True) else None
-    if not isinstance(window, int) or window <= 0 or strategy.max_seq_len <= window:
+    window = configured_window(model_config)
+    if window is None or strategy.max_seq_len <= window:
         return
     switching = strategy.kv_cache_dtype == "auto" and strategy.kv_quant_auto_threshold is not None
     eight_bit = (switching or strategy.kv_cache_dtype in EIGHT_BIT_KV_DTYPES) and "kv-quant" not in disabled
