@@ -25,10 +25,12 @@ from pathlib import Path
 
 import httpx
 
-from tests.harness.prometheus import LabelledTarget, free_port
+from kvpilot.cluster.processes import free_ports
+from tests.harness.prometheus import LabelledTarget
 
 KVPILOT = (sys.executable, "-m", "kvpilot.cli")
 READY_TIMEOUT_S = 180.0
+BIND_RETRIES = 2
 SMALL_ENGINE = ("--max-model-len", "256", "--max-num-seqs", "8", "--num-kv-blocks", "128")
 
 
@@ -118,20 +120,30 @@ class Fleet:
         self.engines: list[Engine] = []
 
     def start(self, specs: Sequence[EngineSpec], engine_flags: Sequence[str] = SMALL_ENGINE) -> list[Engine]:
-        """Start every engine at once, then every sidecar; returns when all are ready."""
+        """Start every engine at once, then every sidecar; returns when all are ready.
+
+        The ports are picked together (distinct), but a port found free can still be taken before the
+        engine binds it (an outgoing connection's ephemeral port): an engine that exits with "address
+        already in use" is started again on new ports, up to BIND_RETRIES times."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         started = []
+        ports = iter(free_ports(3 * len(specs)))
         for spec in specs:
-            engine = Engine(spec, free_port(), free_port(), free_port())
+            engine = Engine(spec, next(ports), next(ports), next(ports))
             self.engines.append(engine)
             started.append(engine)
-            name = f"{spec.namespace}-{spec.service}-{spec.track}-{len(self.engines)}"
-            engine.processes.append(_spawn(
-                ["serve", "--model", str(self.model_dir), "--served-model-name", self.served_model_name,
-                 "--port", str(engine.api_port), "--stats-port", str(engine.stats_port), "--log-level", "warning",
-                 *engine_flags, *spec.flags], self.workdir / f"{name}-engine.log"))
+            self._spawn_engine(engine, engine_flags)
         for engine in started:
-            _wait_http(f"{engine.api_url}/ready", engine.processes[0], READY_TIMEOUT_S)
+            for attempt in range(BIND_RETRIES + 1):
+                try:
+                    _wait_http(f"{engine.api_url}/ready", engine.processes[0], READY_TIMEOUT_S)
+                    break
+                except RuntimeError:
+                    if attempt == BIND_RETRIES or "address already in use" not in engine.processes[0].log_tail():
+                        raise
+                engine.api_port, engine.stats_port, engine.sidecar_port = free_ports(3)
+                engine.processes.clear()
+                self._spawn_engine(engine, engine_flags)
         for index, engine in enumerate(started):
             sidecar = _spawn(["sidecar", "--engine-url", f"http://127.0.0.1:{engine.stats_port}", "--host",
                               "127.0.0.1", "--port", str(engine.sidecar_port), "--no-gpu", "--log-level", "WARNING"],
@@ -140,6 +152,14 @@ class Fleet:
         for engine in started:
             _wait_http(f"http://{engine.target.address}/healthz", engine.processes[1], 30.0)
         return started
+
+    def _spawn_engine(self, engine: Engine, engine_flags: Sequence[str]) -> None:
+        spec = engine.spec
+        name = f"{spec.namespace}-{spec.service}-{spec.track}-{self.engines.index(engine) + 1}"
+        engine.processes.append(_spawn(
+            ["serve", "--model", str(self.model_dir), "--served-model-name", self.served_model_name,
+             "--port", str(engine.api_port), "--stats-port", str(engine.stats_port), "--log-level", "warning",
+             *engine_flags, *spec.flags], self.workdir / f"{name}-engine.log"))
 
     def targets(self) -> list[LabelledTarget]:
         return [engine.target for engine in self.engines]
