@@ -15,10 +15,8 @@ from __future__ import annotations
 
 from kvpilot.engine.config.engine import EngineConfig
 from kvpilot.engine.config.model import ModelConfig
-from kvpilot.engine.config.strategy import kv_cache_kind
+from kvpilot.engine.config.strategy import SIXTEEN_BIT_KINDS, kv_cache_kind
 from kvpilot.strategy_schema import SLIDING_WINDOW_FAMILIES, sliding_window_gap
-
-SIXTEEN_BIT_KINDS = ("model", "float32", "float16", "bfloat16")
 
 
 def layer_window(model: ModelConfig) -> int:

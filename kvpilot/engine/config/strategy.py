@@ -102,6 +102,9 @@ def check_kv_strategy(config: EngineConfig) -> None:
         )
 
 
+SIXTEEN_BIT_KINDS = ("model", "float32", "float16", "bfloat16")  # kv_cache_kind values of a 16/32-bit cache
+
+
 def kv_cache_kind(config: EngineConfig) -> str:
     """The cache the engine allocates: 'model' (compute dtype), 'float32'/'float16'/'bfloat16',
     'int8', 'fp8', or 'auto-switch' (16-bit and int8 pools)."""
@@ -207,7 +210,7 @@ def check_linear_strategy(config: EngineConfig) -> None:
     eviction may only drop the oldest blocks while keeping that window resident."""
     if config.attention != "linear" or config.disable_linear:
         return
-    if kv_cache_kind(config) not in ("model", "float32", "float16", "bfloat16"):
+    if kv_cache_kind(config) not in SIXTEEN_BIT_KINDS:
         raise ValueError(
             f"attention='linear' reads its exact window from a 16/32-bit KV cache, not kv_cache_dtype="
             f"{config.kv_cache_dtype!r}; choose a 16-bit kv_cache_dtype or pass --disable-kv-quant"
